@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import llama_cpp as llama
+
+from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -57,57 +58,6 @@ class EngineOptions:
     parallel_sequences: int = 8
     flash_attention: bool = False
     fork_by: str = "auto"  # "copy" (share memory cells), "snapshot" (save/restore state) or "auto"
-
-
-@dataclass(frozen=True)
-class LabelTrie:
-    """Answer labels as token sequences, none a prefix of another, indexed for the chain rule."""
-
-    sequences: tuple[tuple[int, ...], ...]
-    children: dict[tuple[int, ...], tuple[int, ...]] = field(compare=False)
-
-    @classmethod
-    def build(cls, sequences: Iterable[Sequence[int]]) -> "LabelTrie":
-        seqs = tuple(tuple(s) for s in sequences)
-        if len(set(seqs)) != len(seqs) or any(not s for s in seqs):
-            raise ValueError("labels must be distinct, non-empty token sequences")
-        children: dict[tuple[int, ...], list[int]] = {}
-        for s in seqs:
-            for depth in range(len(s)):
-                kids = children.setdefault(s[:depth], [])
-                if s[depth] not in kids:
-                    kids.append(s[depth])
-        prefixes = set(children)
-        if any(s in prefixes for s in seqs):
-            raise ValueError("a label's tokens are a prefix of another label's tokens")
-        return cls(seqs, {k: tuple(v) for k, v in children.items()})
-
-    @property
-    def inner_nodes(self) -> list[tuple[int, ...]]:
-        """Token paths below the answer position whose next-token logits are needed, shortest first."""
-        return sorted((k for k in self.children if k), key=lambda k: (len(k), k))
-
-    @property
-    def depth(self) -> int:
-        return max(len(s) for s in self.sequences)
-
-
-@dataclass(frozen=True)
-class PromptScore:
-    """One prompt's readout, in label order."""
-
-    label_logprobs: tuple[float, ...]  # log P(label | prompt), restricted to the declared labels
-    first_token_logits: tuple[float, ...]  # raw logit of each label's first token at the answer position
-
-
-@dataclass(frozen=True)
-class ScoreStats:
-    resident_tokens: int  # tokens taken from the resident prefix, not evaluated again
-    shared_tokens: int  # tokens evaluated once for all prompts of the call
-    own_tokens: tuple[int, ...]  # tokens evaluated for each prompt alone
-    readout_tokens: int  # label tokens evaluated for the chain rule
-    prefill_s: float
-    readout_s: float
 
 
 @dataclass(frozen=True)
@@ -283,11 +233,11 @@ class Engine:
     def _score(self, prompts, tries):
         t0 = time.perf_counter()
         copy = self.fork_by == "copy"
-        resident = _common_prefix([self._resident, *prompts])
+        resident = common_prefix([self._resident, *prompts])
         if not copy and resident < len(self._resident):
             resident = 0  # a saved state cannot be cut back to a shorter prefix: start from nothing
         # Every prompt keeps at least its last token of its own: its logits are the readout.
-        shared_end = min(_common_prefix(prompts), min(len(p) for p in prompts) - 1)
+        shared_end = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
         base = _Base(None, resident)
         if len(prompts) > 1 and shared_end > resident:
             self._fork_from_resident(SHARED_SEQ, resident)
@@ -349,17 +299,10 @@ class Engine:
                     node_logits[path] = segment.logits
                     evaluated += len(path)
                 self._clear(spare)
-        log_softmax = {node: _log_softmax(values) for node, values in node_logits.items()}
-        logprobs = []
-        for label in trie.sequences:
-            total = 0.0
-            for depth, token in enumerate(label):
-                node = label[:depth]
-                total += log_softmax[node][trie.children[node].index(token)]
-            logprobs.append(total)
+        logprobs = trie.logprobs(node_logits)
         root_children = trie.children[()]
         first = tuple(root_logits[root_children.index(label[0])] for label in trie.sequences)
-        return PromptScore(tuple(logprobs), first), evaluated
+        return PromptScore(logprobs, first), evaluated
 
     # ---- memory --------------------------------------------------------------------------------
 
@@ -469,21 +412,6 @@ class Engine:
         self.close()
 
 
-def _common_prefix(sequences: Sequence[Sequence[int]]) -> int:
-    first, n = sequences[0], min(len(s) for s in sequences)
-    for i in range(n):
-        token = first[i]
-        if any(s[i] != token for s in sequences[1:]):
-            return i
-    return n
-
-
-def _log_softmax(values: Sequence[float]) -> list[float]:
-    top = max(values)
-    total = math.log(math.fsum(math.exp(v - top) for v in values))
-    return [v - top - total for v in values]
-
-
 _backend_ready = False
 _backend_lock = threading.Lock()
 _log_callback = None  # llama.cpp keeps the C pointer: the Python object must outlive every call
@@ -505,3 +433,8 @@ def _init_backend() -> None:
         llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama.llama_backend_init()
         _backend_ready = True
+
+
+def gpu_backend_available() -> bool:
+    _init_backend()
+    return bool(llama.llama_supports_gpu_offload())

@@ -1,0 +1,196 @@
+"""Decision scoring over an engine: prompts, label checks, token budgets and probabilities.
+
+``DecisionModel`` is what the protocols (the walkthrough's decision schema, System One) call. It renders
+each question with the model's chat template, keeps the fixed head resident in the engine, checks the
+budgets before anything is evaluated, and turns the engine's label log-probabilities into probabilities.
+It never imports llama.cpp: the engine is handed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from .errors import InputError, Loc
+from .labels import MAX_OPTIONS, PAIRED, SINGLE, labels_for
+from .model_files import ModelIdentity
+from .prompt import ChatTemplate, PromptLayout, TemplateError, user_payload
+from .readout import LabelTrie, common_prefix
+
+READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
+                  "(last prompt position); no tokens generated")
+READOUT_CHAIN = ("chain rule over each label's tokens, every step a softmax restricted to the declared labels; "
+                 "option_logits are log-probabilities; no tokens generated")
+
+PROBE_STATE = "Customer asks to reset a forgotten password and says the reset email never arrived."
+PROBE_QUESTION = "Which queue should handle this request?"
+PROBE_OPTIONS = ("Account access and authentication support.", "Billing and payment support.",
+                 "Sales and product evaluation.")
+
+
+class ModelIncompatible(RuntimeError):
+    """The model cannot serve decisions (template or labels); raised at start-up."""
+
+
+class ScoringEngine(Protocol):
+    chat_template: str | None
+    bos_text: str
+    eos_text: str
+    control_texts: tuple[str, ...]
+    ctx_tokens: int
+    resident_tokens: int
+
+    def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
+    def keep_resident(self, tokens: Sequence[int]) -> None: ...
+    def score(self, prompts, tries): ...
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question as the model will read it; ``loc`` names it in error messages."""
+
+    loc: Loc
+    state: str
+    question: str
+    options: tuple[str, ...]
+    option_locs: tuple[Loc, ...]
+    state_loc: Loc
+    question_loc: Loc
+
+
+@dataclass(frozen=True)
+class Prepared:
+    questions: tuple[Question, ...]
+    prompts: tuple[str, ...]
+    tokens: tuple[tuple[int, ...], ...]
+    request_tokens: int
+
+
+@dataclass(frozen=True)
+class Scored:
+    probabilities: tuple[float, ...]
+    option_logits: tuple[float, ...]
+    prompt_sha256: str
+    input_tokens: int
+    readout: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_tokens: int
+    max_request_tokens: int
+
+
+class DecisionModel:
+    def __init__(self, engine: Any, identity: ModelIdentity, limits: Limits, runtime: dict[str, Any]):
+        self.engine = engine
+        self.identity = identity
+        self.limits = limits
+        try:
+            self.layout = PromptLayout(ChatTemplate(engine.chat_template, bos_token=engine.bos_text,
+                                                    eos_token=engine.eos_text))
+            head = self.layout.head
+        except TemplateError as exc:
+            raise ModelIncompatible(str(exc)) from None
+        self._control = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
+                         if engine.control_texts else None)
+        self._label_tokens = self._check_labels()
+        self._tries: dict[int, Any] = {}
+        engine.keep_resident(engine.tokenize(head))
+        self.model_info = {**identity.as_dict(), **runtime}
+
+    # ---- start-up checks -----------------------------------------------------------------------
+
+    def _check_labels(self) -> dict[str, tuple[int, ...]]:
+        """Each label's tokens where the answer begins; fails unless appending a label keeps the prompt's
+        tokens, the label's tokens spell it exactly, single labels are one token each, and no label's
+        tokens are a prefix of another's."""
+        probe = self.render(PROBE_STATE, PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
+        base = self.engine.tokenize(probe)
+        found: dict[str, tuple[int, ...]] = {}
+        for label in SINGLE + PAIRED:
+            tokens = self.engine.tokenize(probe + label)
+            if tokens[:len(base)] != base:
+                raise ModelIncompatible(f"appending the answer label {label!r} changes how the prompt tokenizes")
+            own = tuple(tokens[len(base):])
+            spelled = b"".join(self.engine.piece(t) for t in own).decode("utf-8", "replace")
+            if spelled != label:
+                raise ModelIncompatible(f"the answer label {label!r} does not round-trip (tokens spell {spelled!r})")
+            if label in SINGLE and len(own) != 1:
+                raise ModelIncompatible(f"the answer label {label!r} is {len(own)} tokens, not one")
+            found[label] = own
+        for labels in (SINGLE, PAIRED):
+            try:
+                LabelTrie.build(found[label] for label in labels)
+            except ValueError as exc:
+                raise ModelIncompatible(f"answer labels {labels[0]}..{labels[-1]}: {exc}") from None
+        return found
+
+    def trie(self, n_options: int):
+        if n_options not in self._tries:
+            self._tries[n_options] = LabelTrie.build(self._label_tokens[label] for label in labels_for(n_options))
+        return self._tries[n_options]
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    max_options = MAX_OPTIONS
+
+    def render(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+        return self.layout.render(user_payload(state, question, labels, options))
+
+    def check_text(self, loc: Loc, text: str) -> None:
+        if self._control is not None and (found := self._control.search(text)):
+            raise InputError(loc, f"contains the model's control token {found.group(0)!r}")
+
+    def prepare(self, questions: Sequence[Question]) -> Prepared:
+        """Render and tokenize; reject control tokens and over-budget prompts before any evaluation."""
+        for q in questions:
+            self.check_text(q.state_loc, q.state)
+            self.check_text(q.question_loc, q.question)
+            for loc, text in zip(q.option_locs, q.options):
+                self.check_text(loc, text)
+        prompts = tuple(self.render(q.state, q.question, labels_for(len(q.options)), q.options) for q in questions)
+        tokens = tuple(tuple(self.engine.tokenize(p)) for p in prompts)
+        ceiling = min(self.limits.max_prompt_tokens, self.engine.ctx_tokens - 2)
+        for q, t in zip(questions, tokens):
+            if len(t) > ceiling:
+                raise InputError(q.loc, f"renders to a prompt of {len(t)} tokens, over the limit of {ceiling}",
+                                 kind="value_error.prompt_too_long")
+        resident = min(self.engine.resident_tokens, common_prefix(tokens))
+        shared = common_prefix(tokens) if len(tokens) > 1 else resident
+        request_tokens = (shared - resident) + sum(len(t) - shared for t in tokens)
+        if request_tokens > self.limits.max_request_tokens:
+            raise InputError(questions[0].loc[:1] if len(questions) > 1 else questions[0].loc,
+                             f"needs {request_tokens} tokens of evaluation, over the request limit of "
+                             f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
+        return Prepared(tuple(questions), prompts, tokens, request_tokens)
+
+    def score(self, prepared: Prepared):
+        tries = [self.trie(len(q.options)) for q in prepared.questions]
+        scores, stats = self.engine.score(prepared.tokens, tries)
+        results = []
+        for prompt, tokens, trie, score in zip(prepared.prompts, prepared.tokens, tries, scores):
+            single = trie.depth == 1
+            total = math.fsum(math.exp(lp) for lp in score.label_logprobs)
+            results.append(Scored(
+                probabilities=tuple(math.exp(lp) / total for lp in score.label_logprobs),
+                option_logits=tuple(score.first_token_logits if single else score.label_logprobs),
+                prompt_sha256=hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
+                input_tokens=len(tokens),
+                readout=READOUT_SINGLE if single else READOUT_CHAIN))
+        return results, stats
+
+    def probe(self) -> Scored:
+        """Score a fixed decision; start-up is not complete until this gives a proper distribution."""
+        question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
+                            tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
+                            ("probe", "question"))
+        [result], _ = self.score(self.prepare([question]))
+        p = result.probabilities
+        if len(p) != 3 or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
+            raise ModelIncompatible(f"the probe decision gave no proper distribution: {p}")
+        return result

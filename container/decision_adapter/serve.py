@@ -1,0 +1,90 @@
+"""The ``serve`` entry point: SageMaker starts the container with ``serve``; gunicorn runs the app.
+
+Before gunicorn starts, a pre-flight check refuses to start (exit 2, one clear line) when the
+settings are invalid, the model folder is unusable, or GPU layers are asked of a build without a GPU
+backend. Each worker then loads its own model in the background while /ping answers 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gunicorn.app.base import BaseApplication
+
+from . import logs
+from .model_files import ModelFilesError, find_gguf
+from .settings import Settings, SettingsError
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+def preflight(settings: Settings) -> None:
+    try:
+        find_gguf(settings.model_dir)
+    except ModelFilesError as exc:
+        raise PreflightError(str(exc)) from None
+    if settings.gpu_layers != 0:
+        from .engine import gpu_backend_available
+
+        if not gpu_backend_available():
+            raise PreflightError(
+                f"ADAPTER_GPU_LAYERS={settings.gpu_layers} asks for GPU offload, but this llama-cpp-python "
+                f"build has no GPU backend; set ADAPTER_GPU_LAYERS=0 or use the GPU image")
+
+
+class _Gunicorn(BaseApplication):
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        super().__init__()
+
+    def load_config(self) -> None:
+        s = self.settings
+        for key, value in {
+            "bind": f"{s.host}:{s.port}",
+            "workers": s.workers,
+            "worker_class": "gthread",
+            "threads": s.http_threads,
+            # The gthread worker heartbeats from its main thread, so a long scoring call does not
+            # trip this; it only catches a worker that stopped answering altogether.
+            "timeout": 120,
+            "graceful_timeout": s.graceful_timeout_s,
+            "keepalive": 75,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": "warning",
+            "preload_app": False,  # llama.cpp state must not cross a fork
+        }.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        from .app import create_app
+
+        return create_app(self.settings)
+
+
+def run(settings: Settings) -> None:
+    logs.configure(settings.log_level)
+    preflight(settings)
+    _Gunicorn(settings).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="serve", description="Serve the decision adapter (SageMaker /ping and /invocations).",
+        epilog="Settings come from environment variables:\n" + "\n".join(
+            f"  {row['env']} (default {row['default']!r}): {row['description']}" for row in Settings.describe()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
+    try:
+        run(Settings.from_env())
+    except (SettingsError, PreflightError) as exc:
+        print(f"serve: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Start-up: find and verify the model, load the engine, score a probe; and the readiness it reaches.
+
+``/ping`` reads ``Readiness`` only; it never loads anything itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .model_files import ModelFilesError, find_gguf, verify
+from .scoring import DecisionModel, Limits, ModelIncompatible
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Readiness:
+    """Loading, ready or failed; set once by the loader, read by every request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self.state = "loading"
+        self.reason = "loading the model"
+        self.model: DecisionModel | None = None
+
+    def ready(self, model: DecisionModel) -> None:
+        with self._lock:
+            self.model, self.state, self.reason = model, "ready", "model loaded, verified and probed"
+        self._done.set()
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            self.state, self.reason = "failed", reason
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s)
+
+
+def engine_options(settings: Settings):
+    from .engine import EngineOptions  # llama.cpp is loaded only where a real engine is made
+
+    return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
+                         batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
+                         flash_attention=settings.flash_attention == "on")
+
+
+def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel:
+    """Verify the GGUF against its manifest, load it (unless an engine is given) and score the probe."""
+    started = time.perf_counter()
+    gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
+    identity = verify(gguf)
+    if engine is None:
+        from .engine import Engine
+
+        engine = Engine(str(gguf), engine_options(settings))
+    runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
+               "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention}
+    model = DecisionModel(engine, identity,
+                          Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime)
+    model.probe()
+    log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
+                                              "manifest": identity.manifest,
+                                              "load_s": round(time.perf_counter() - started, 3)}})
+    return model
+
+
+def load_into(readiness: Readiness, settings: Settings, engine: Any = None) -> None:
+    try:
+        readiness.ready(load_decision_model(settings, engine))
+    except (ModelFilesError, ModelIncompatible) as exc:
+        log.error("model not usable: %s", exc)
+        readiness.failed(str(exc))
+    except Exception as exc:  # noqa: BLE001 - any start-up failure must keep /ping at 503, with the cause logged
+        log.exception("start-up failed")
+        readiness.failed(f"start-up failed: {type(exc).__name__}: {exc}")
