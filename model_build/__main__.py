@@ -1,0 +1,5 @@
+"""Entry point for `python -m model_build`."""
+
+from model_build.cli import main
+
+raise SystemExit(main())
