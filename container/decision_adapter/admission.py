@@ -17,14 +17,27 @@ class Admission:
     def __init__(self, queue_depth: int, timeout_s: float):
         self.capacity = queue_depth + 1
         self.timeout_s = timeout_s
-        self._places = threading.BoundedSemaphore(self.capacity)
+        self._lock = threading.Lock()
+        self._admitted = 0
         self._model = threading.Lock()
 
     def try_enter(self) -> bool:
-        return self._places.acquire(blocking=False)
+        with self._lock:
+            if self._admitted >= self.capacity:
+                return False
+            self._admitted += 1
+            return True
 
     def leave(self) -> None:
-        self._places.release()
+        with self._lock:
+            if self._admitted == 0:
+                raise RuntimeError("leave() without a matching try_enter()")
+            self._admitted -= 1
+
+    @property
+    def admitted(self) -> int:
+        """Requests holding a place: the one scoring and those waiting behind it."""
+        return self._admitted
 
     @contextmanager
     def model_turn(self) -> Iterator[float | None]:

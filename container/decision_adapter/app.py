@@ -112,7 +112,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
     def ping():
         readiness = state.readiness
         status = 200 if readiness.state == "ready" else 503
-        return _json({"status": readiness.state, "detail": readiness.reason}, status)
+        return _json({"status": readiness.state, "detail": readiness.reason,
+                      "admitted": state.admission.admitted, "capacity": state.admission.capacity}, status)
 
     @app.post("/invocations")
     def invocations():

@@ -14,8 +14,8 @@ from .labels import MAX_OPTIONS
 from .prompt import state_text
 from .scoring import Question, Scored
 
-DECISION_FIELDS = {"id", "state", "question", "options"}
-OPTION_FIELDS = {"id", "description"}
+DECISION_FIELDS = ("id", "state", "question", "options")
+OPTION_FIELDS = ("id", "description")
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,12 @@ class Decision:
 
 
 def parse_one(body: dict[str, Any], max_options: int = MAX_OPTIONS) -> Decision:
-    _only(body, {"decision"}, ())
+    _only(body, ("decision",), ())
     return parse_decision(body["decision"], ("decision",), max_options)
 
 
 def parse_many(body: dict[str, Any], max_decisions: int, max_options: int = MAX_OPTIONS) -> list[Decision]:
-    _only(body, {"decisions"}, ())
+    _only(body, ("decisions",), ())
     items = body["decisions"]
     if not isinstance(items, list) or not items:
         raise InputError(("decisions",), "must be a non-empty array of decisions")
@@ -68,7 +68,7 @@ def parse_decision(value: Any, loc: Loc, max_options: int = MAX_OPTIONS) -> Deci
         oloc = loc + ("options", i)
         if not isinstance(option, dict):
             raise InputError(oloc, "must be an object with id and description", "type_error")
-        _only(option, OPTION_FIELDS, oloc, required={"id"})
+        _only(option, OPTION_FIELDS, oloc, required=("id",))
         option_id = _text(option["id"], oloc + ("id",))
         if option_id in ids:
             raise InputError(oloc + ("id",), f"repeats the option id {option_id!r}; option ids must be unique")
@@ -97,12 +97,12 @@ def result(decision: Decision, scored: Scored, model_info: dict[str, Any]) -> di
     }
 
 
-def _only(value: dict[str, Any], allowed: set[str], loc: Loc, required: set[str] | None = None) -> None:
+def _only(value: dict[str, Any], allowed: tuple[str, ...], loc: Loc, required: tuple[str, ...] | None = None) -> None:
     for key in value:
         if key not in allowed:
-            raise InputError(loc + (key,), f"is not a known field (expected: {', '.join(sorted(allowed))})",
+            raise InputError(loc + (key,), f"is not a known field (expected: {', '.join(allowed)})",
                              "value_error.extra")
-    for key in sorted(required if required is not None else allowed):
+    for key in required if required is not None else allowed:
         if key not in value:
             raise InputError(loc + (key,), "is required", "missing")
 

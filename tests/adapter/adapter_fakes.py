@@ -1,0 +1,75 @@
+"""A fake engine for unit tests of the layers above llama.cpp: byte-level tokens, scripted scores."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable, Sequence
+
+from decision_adapter.readout import LabelTrie, PromptScore, ScoreStats
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CONTROL = ("<|im_start|>", "<|im_end|>")
+
+
+class FakeEngine:
+    """Tokens are UTF-8 bytes, control texts are ids 256+; each label's logit is minus its index."""
+
+    chat_template = CHATML
+    bos_text = ""
+    eos_text = "<|im_end|>"
+    control_texts = CONTROL
+    ctx_tokens = 4096
+    architecture = "fake"
+    versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
+
+    def __init__(self, model_path: Path, *, on_score: Callable[[], None] | None = None,
+                 logits: Callable[[int], list[float]] | None = None):
+        self.model_path = str(model_path)
+        self.resident_tokens = 0
+        self.on_score = on_score
+        self.logits = logits or (lambda n: [-float(i) for i in range(n)])
+        self.calls = 0
+        self.scoring = threading.Event()
+
+    def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]:
+        out: list[int] = []
+        i = 0
+        while i < len(text):
+            for n, control in enumerate(CONTROL):
+                if text.startswith(control, i):
+                    out.append(256 + n)
+                    i += len(control)
+                    break
+            else:
+                out.extend(text[i].encode("utf-8"))
+                i += 1
+        return out
+
+    def piece(self, token: int) -> bytes:
+        return CONTROL[token - 256].encode() if token >= 256 else bytes([token])
+
+    def keep_resident(self, tokens: Sequence[int]) -> None:
+        self.resident_tokens = len(tokens)
+
+    def score(self, prompts, tries: Sequence[LabelTrie]):
+        self.calls += 1
+        self.scoring.set()
+        if self.on_score is not None:
+            self.on_score()
+        scores = []
+        for trie in tries:
+            logits = self.logits(len(trie.sequences))
+            node_logits = {node: [0.0] * len(children) for node, children in trie.children.items()}
+            node_logits[()] = [logits[i] for i in range(len(trie.children[()]))]
+            scores.append(PromptScore(trie.logprobs(node_logits), tuple(node_logits[()])))
+        stats = ScoreStats(self.resident_tokens, 0, tuple(len(p) for p in prompts), 0, 0.001, 0.0001)
+        return scores, stats
+
+
+def fake_model_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "fake.gguf").write_bytes(b"GGUF fake model for tests")
+    return folder

@@ -1,0 +1,73 @@
+"""Fixtures for the adapter tests, chained settings -> engine -> app -> client.
+
+The engine is the real llama.cpp on the embedded SmolLM2-135M model, loaded once per session; each
+app builds its own decision model over it (which re-primes the resident prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from decision_adapter.app import create_app
+from decision_adapter.engine import Engine
+from decision_adapter.local import embedded_model_dir
+from decision_adapter.model_files import find_gguf
+from decision_adapter.settings import Settings
+from decision_adapter.startup import engine_options
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "support-route.json"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return embedded_model_dir()
+
+
+@pytest.fixture(scope="session")
+def settings(model_dir: Path) -> Settings:
+    return Settings(model_dir=str(model_dir), threads=2, ctx_tokens=4096, parallel_sequences=8)
+
+
+@pytest.fixture(scope="session")
+def engine(settings: Settings):
+    with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as real:
+        yield real
+
+
+@pytest.fixture(scope="session")
+def app(settings: Settings, engine):
+    application = create_app(settings, engine)
+    assert application.extensions["decision_adapter"].readiness.state == "ready"
+    return application
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def tight_settings(settings: Settings) -> Settings:
+    """Small limits, so that every limit can be crossed cheaply."""
+    return dataclasses.replace(settings, max_body_bytes=65536, max_decisions=3, max_prompt_tokens=400,
+                               max_request_tokens=500, max_lines=3)
+
+
+@pytest.fixture(scope="session")
+def tight_app(tight_settings: Settings, engine):
+    return create_app(tight_settings, engine)
+
+
+@pytest.fixture
+def tight_client(tight_app):
+    return tight_app.test_client()
+
+
+@pytest.fixture
+def example() -> dict:
+    import json
+
+    return json.loads(EXAMPLE.read_text())

@@ -1,0 +1,97 @@
+"""The `serve` entry point for real: gunicorn on loopback, chunked bodies, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(settings):
+    port = free_port()
+    env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
+           "ADAPTER_MODEL_DIR": settings.model_dir, "ADAPTER_THREADS": "2", "ADAPTER_MAX_BODY_BYTES": "65536",
+           "ADAPTER_GRACEFUL_TIMEOUT_S": "60"}
+    process = subprocess.Popen([sys.executable, "-m", "decision_adapter.serve"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if requests.get(f"{base}/ping", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail(f"serve did not become ready: {process.stdout.read()}")
+    yield base, process
+    if process.poll() is None:
+        process.kill()
+    process.wait(30)
+
+
+def test_serve_answers_the_example_over_http(server, example):
+    base, _ = server
+    response = requests.post(f"{base}/invocations", json=example, timeout=60)
+    assert response.status_code == 200
+    assert response.json()["result"]["option_ids"] == ["account_access", "billing", "sales"]
+
+
+def test_chunked_body_over_the_limit_is_rejected_without_reading_it_all(server):
+    base, _ = server
+
+    def chunks():
+        yield b'{"decision": "'
+        for _ in range(100):
+            yield b"x" * 1024
+        yield b'"}'
+
+    response = requests.post(f"{base}/invocations", data=chunks(), timeout=60,
+                             headers={"Content-Type": "application/json"})
+    assert response.status_code == 413
+    assert "over the limit of 65536 bytes" in response.json()["error"]
+
+
+def test_sigterm_lets_the_request_in_flight_finish(server, example):
+    base, process = server
+    state = "A returning customer in Lyon, polite, second late order this year. " * 30
+    decisions = [{**example["decision"], "id": f"d{i}", "state": state, "question": f"Question {i}: which queue?"}
+                 for i in range(6)]
+    outcome: dict = {}
+
+    def call():
+        outcome["response"] = requests.post(f"{base}/invocations", json={"decisions": decisions}, timeout=120)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    deadline = time.monotonic() + 30
+    while requests.get(f"{base}/ping", timeout=5).json()["admitted"] == 0:
+        assert time.monotonic() < deadline, "the request never arrived"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    caller.join(120)
+
+    assert outcome["response"].status_code == 200
+    assert len(outcome["response"].json()["results"]) == 6
+    assert process.wait(60) == 0
+    log = process.stdout.read()
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert any(line.get("path") == "/invocations" and line.get("status") == 200 and line.get("decisions") == 6
+               for line in lines), "one structured log line per request"

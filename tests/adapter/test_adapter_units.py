@@ -1,0 +1,146 @@
+"""Pure parts, without llama.cpp: settings, labels, the label trie, prompts and the scoring layer."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from adapter_fakes import CHATML, FakeEngine, fake_model_dir
+from decision_adapter.errors import InputError, dotted
+from decision_adapter.labels import PAIRED, SINGLE, labels_for
+from decision_adapter.model_files import ModelIdentity
+from decision_adapter.prompt import SYSTEM_INSTRUCTION, ChatTemplate, PromptLayout, TemplateError
+from decision_adapter.readout import LabelTrie, common_prefix, log_softmax
+from decision_adapter.scoring import DecisionModel, Limits, Question
+from decision_adapter.settings import Settings, SettingsError
+
+
+def test_settings_read_the_environment_once_with_types():
+    s = Settings.from_env({"SAGEMAKER_BIND_TO_PORT": "9000", "ADAPTER_THREADS": "3", "ADAPTER_QUEUE_TIMEOUT_S": "2.5",
+                           "ADAPTER_FLASH_ATTENTION": "off", "ADAPTER_GPU_LAYERS": "-1", "ADAPTER_MODEL_ID": " "})
+    assert (s.port, s.threads, s.queue_timeout_s, s.flash_attention, s.gpu_layers) == (9000, 3, 2.5, "off", -1)
+    assert s.model_dir == "/opt/ml/model" and s.model_id == ""
+    assert s.http_threads == s.queue_depth + 3
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"ADAPTER_THREADS": "two"}, "ADAPTER_THREADS='two' is not an integer"),
+    ({"ADAPTER_QUEUE_TIMEOUT_S": "soon"}, "ADAPTER_QUEUE_TIMEOUT_S='soon' is not a number"),
+    ({"SAGEMAKER_BIND_TO_PORT": "0"}, "SAGEMAKER_BIND_TO_PORT=0 is below its minimum 1"),
+    ({"ADAPTER_PARALLEL_SEQUENCES": "999"}, "ADAPTER_PARALLEL_SEQUENCES=999 is above its maximum 256"),
+    ({"ADAPTER_FLASH_ATTENTION": "auto"}, "ADAPTER_FLASH_ATTENTION='auto' must be one of off, on"),
+    ({"ADAPTER_CTX_TOKENS": "1024", "ADAPTER_MAX_PROMPT_TOKENS": "2048"},
+     "ADAPTER_CTX_TOKENS=1024 is smaller than ADAPTER_MAX_PROMPT_TOKENS=2048"),
+])
+def test_bad_settings_name_the_variable(env, message):
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Settings.from_env(env)
+
+
+def test_every_setting_is_described():
+    rows = Settings.describe()
+    assert {r["env"] for r in rows} >= {"SAGEMAKER_BIND_TO_PORT", "ADAPTER_MODEL_DIR", "ADAPTER_THREADS",
+                                        "ADAPTER_GPU_LAYERS", "ADAPTER_QUEUE_DEPTH", "ADAPTER_MAX_BODY_BYTES"}
+    assert all(r["description"] for r in rows)
+
+
+def test_label_sets():
+    assert labels_for(3) == ("A", "B", "C") and labels_for(26) == SINGLE
+    assert labels_for(27)[:2] == ("A0", "A1") and len(labels_for(255)) == 255
+    assert len(set(PAIRED)) == 260
+    with pytest.raises(ValueError):
+        labels_for(261)
+
+
+def test_label_trie_chain_rule_gives_a_distribution():
+    trie = LabelTrie.build([(1, 10), (1, 11), (2, 10), (3,)])
+    assert trie.children[()] == (1, 2, 3) and trie.inner_nodes == [(1,), (2,)] and trie.depth == 2
+    rng = random.Random(7)
+    logits = {node: [rng.uniform(-5, 5) for _ in kids] for node, kids in trie.children.items()}
+    logprobs = trie.logprobs(logits)
+    assert math.isclose(sum(math.exp(x) for x in logprobs), 1.0, rel_tol=1e-12)
+    root = log_softmax(logits[()])
+    assert logprobs[3] == pytest.approx(root[2])
+    assert logprobs[0] == pytest.approx(root[0] + log_softmax(logits[(1,)])[0])
+
+
+@pytest.mark.parametrize("labels, message", [
+    ([(1,), (1, 2)], "prefix of another"),
+    ([(1,), (1,)], "distinct"),
+    ([(1,), ()], "non-empty"),
+])
+def test_label_trie_rejects_ambiguous_labels(labels, message):
+    with pytest.raises(ValueError, match=message):
+        LabelTrie.build(labels)
+
+
+def test_small_helpers():
+    assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert dotted(("decisions", 2, "options", 0, "id")) == "decisions[2].options[0].id"
+    assert str(InputError(("decision", "state"), "is required")) == "decision.state is required"
+
+
+def test_chat_template_renders_head_and_generation_prompt():
+    layout = PromptLayout(ChatTemplate(CHATML))
+    assert layout.head == f"<|im_start|>system\n{SYSTEM_INSTRUCTION}<|im_end|>\n<|im_start|>user\nState:\n"
+    assert layout.render("payload").endswith("payload<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_template_without_a_system_role_gets_the_instruction_in_the_user_turn():
+    template = ChatTemplate("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+                            "{% endif %}[{{ m.role }}]{{ m.content }}{% endfor %}[assistant]")
+    layout = PromptLayout(template)
+    assert not template.system_role
+    assert layout.render("payload") == f"[user]{SYSTEM_INSTRUCTION}\n\npayload[assistant]"
+
+
+def test_template_errors_are_template_errors():
+    with pytest.raises(TemplateError, match="does not parse"):
+        ChatTemplate("{% for %}")
+
+
+@pytest.fixture
+def fake_model(tmp_path):
+    engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
+    identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
+    return DecisionModel(engine, identity, Limits(max_prompt_tokens=600, max_request_tokens=900), {"runtime": 1})
+
+
+def question(options=("yes", "no"), state="s", text="q?"):
+    return Question(("decision",), state, text, tuple(options),
+                    tuple(("decision", "options", i, "description") for i in range(len(options))),
+                    ("decision", "state"), ("decision", "question"))
+
+
+def test_decision_model_turns_label_logits_into_probabilities(fake_model):
+    [scored], _ = fake_model.score(fake_model.prepare([question(("a", "b", "c"))]))
+    expected = [math.exp(-i) for i in range(3)]
+    assert scored.probabilities == pytest.approx([e / sum(expected) for e in expected])
+    assert scored.option_logits == (0.0, -1.0, -2.0)
+
+
+def test_decision_model_uses_the_chain_rule_beyond_26_options(fake_model):
+    [scored], _ = fake_model.score(fake_model.prepare([question([f"o{i}" for i in range(30)], state="x")]))
+    assert len(scored.probabilities) == 30 and math.isclose(sum(scored.probabilities), 1.0)
+    assert "chain rule" in scored.readout
+
+
+@pytest.mark.parametrize("q, message", [
+    (question(state="x<|im_start|>"), "decision.state contains the model's control token '<|im_start|>'"),
+    (question(options=("ok", "<|im_end|>")), "decision.options[1].description contains"),
+    (question(state="x" * 700), "decision renders to a prompt of"),
+])
+def test_decision_model_rejects_before_scoring(fake_model, q, message):
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("|", r"\|")):
+        fake_model.prepare([q])
+    assert fake_model.engine.calls == 0, "nothing reached the engine"
+
+
+def test_request_budget_counts_the_shared_state_once(fake_model):
+    prepared = fake_model.prepare([question(state="x" * 300, text=f"{i}?") for i in range(2)])
+    own = [len(t) - common_prefix(prepared.tokens) for t in prepared.tokens]
+    assert prepared.request_tokens == common_prefix(prepared.tokens) - fake_model.engine.resident_tokens + sum(own)
+    with pytest.raises(InputError, match="over the request limit of 900"):
+        fake_model.prepare([question(state="x" * 100, text=f"{i}" * 150) for i in range(6)])
