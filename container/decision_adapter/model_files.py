@@ -25,6 +25,7 @@ class ModelIdentity:
     source: str | None
     revision: str | None
     manifest: bool
+    built_at: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"file": self.file, "bytes": self.bytes, "sha256": self.sha256,
@@ -65,7 +66,7 @@ def verify(gguf: Path) -> ModelIdentity:
             raise ModelFilesError(f"{gguf.name} has sha256 {digest}; {MANIFEST_NAME} pins {want_sha}")
     return ModelIdentity(file=gguf.name, bytes=size, sha256=digest,
                          source=(manifest or {}).get("source"), revision=(manifest or {}).get("revision"),
-                         manifest=manifest is not None)
+                         manifest=manifest is not None, built_at=(manifest or {}).get("built_at"))
 
 
 def _read_manifest(path: Path) -> dict[str, Any] | None:

@@ -86,8 +86,10 @@ class Limits:
 
 
 class DecisionModel:
-    def __init__(self, engine: Any, identity: ModelIdentity, limits: Limits, runtime: dict[str, Any]):
+    def __init__(self, engine: Any, identity: ModelIdentity, limits: Limits, runtime: dict[str, Any],
+                 served_id: str = ""):
         self.engine = engine
+        self.served_id = served_id or identity.file.removesuffix(".gguf")
         self.identity = identity
         self.limits = limits
         try:
@@ -164,7 +166,7 @@ class DecisionModel:
         shared = common_prefix(tokens) if len(tokens) > 1 else resident
         request_tokens = (shared - resident) + sum(len(t) - shared for t in tokens)
         if request_tokens > self.limits.max_request_tokens:
-            raise InputError(questions[0].loc[:1] if len(questions) > 1 else questions[0].loc,
+            raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc,
                              f"needs {request_tokens} tokens of evaluation, over the request limit of "
                              f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
         return Prepared(tuple(questions), prompts, tokens, request_tokens)

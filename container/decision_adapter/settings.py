@@ -51,7 +51,7 @@ class Settings:
     gpu_layers: int = _setting("ADAPTER_GPU_LAYERS", 0,
                                "Layers to offload to the GPU: 0 = CPU only, -1 = all. Needs a GPU build.",
                                low=-1, high=100_000)
-    ctx_tokens: int = _setting("ADAPTER_CTX_TOKENS", 8192,
+    ctx_tokens: int = _setting("ADAPTER_CTX_TOKENS", 16384,
                                "Tokens of KV memory shared by the resident prefix and all forks of a request.",
                                low=512, high=1_048_576)
     batch_tokens: int = _setting("ADAPTER_BATCH_TOKENS", 32,
@@ -73,8 +73,9 @@ class Settings:
                                   "Most decisions (or System One questions) in one request object.", low=1, high=4096)
     max_lines: int = _setting("ADAPTER_MAX_LINES", 1000, "Most lines in one application/jsonlines body.",
                               low=1, high=100_000)
-    max_prompt_tokens: int = _setting("ADAPTER_MAX_PROMPT_TOKENS", 4096,
-                                      "Most tokens in one rendered decision prompt.", low=64, high=1_048_576)
+    max_prompt_tokens: int = _setting("ADAPTER_MAX_PROMPT_TOKENS", 8192,
+                                      "Most tokens in one rendered decision prompt (255 described options "
+                                      "take about 5,000).", low=64, high=1_048_576)
     max_request_tokens: int = _setting("ADAPTER_MAX_REQUEST_TOKENS", 32768,
                                        "Most tokens one request may make the model evaluate (shared state once "
                                        "plus each question's own tokens).", low=64, high=16_777_216)

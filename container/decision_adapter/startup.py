@@ -62,7 +62,8 @@ def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel
     runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
                "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention}
     model = DecisionModel(engine, identity,
-                          Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime)
+                          Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
+                          served_id=settings.model_id.strip())
     model.probe()
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
                                               "manifest": identity.manifest,

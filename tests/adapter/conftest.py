@@ -28,7 +28,7 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def settings(model_dir: Path) -> Settings:
-    return Settings(model_dir=str(model_dir), threads=2, ctx_tokens=4096, parallel_sequences=8)
+    return Settings(model_dir=str(model_dir), threads=2)
 
 
 @pytest.fixture(scope="session")

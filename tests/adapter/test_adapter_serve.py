@@ -3,48 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import requests
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from adapter_server import live_server
 
 
 @pytest.fixture(scope="module")
 def server(settings):
-    port = free_port()
-    env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
-           "ADAPTER_MODEL_DIR": settings.model_dir, "ADAPTER_THREADS": "2", "ADAPTER_MAX_BODY_BYTES": "65536",
-           "ADAPTER_GRACEFUL_TIMEOUT_S": "60"}
-    process = subprocess.Popen([sys.executable, "-m", "decision_adapter.serve"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if requests.get(f"{base}/ping", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail(f"serve did not become ready: {process.stdout.read()}")
-    yield base, process
-    if process.poll() is None:
-        process.kill()
-    process.wait(30)
+    with live_server(settings.model_dir, ADAPTER_MAX_BODY_BYTES="65536", ADAPTER_GRACEFUL_TIMEOUT_S="60") as running:
+        yield running
 
 
 def test_serve_answers_the_example_over_http(server, example):

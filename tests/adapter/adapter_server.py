@@ -1,0 +1,45 @@
+"""The adapter's `serve` entry point started for real on loopback, for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import pytest
+import requests
+
+
+@contextlib.contextmanager
+def live_server(model_dir: str, **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`serve` (gunicorn) on a free loopback port with the given settings, once /ping says ready."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    environ = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
+               "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": "2", **env}
+    process = subprocess.Popen([sys.executable, "-m", "decision_adapter.serve"], env=environ,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"serve exited with {process.returncode}: {process.stdout.read()}")
+            try:
+                if requests.get(f"{base}/ping", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("serve did not become ready within 120 s")
+            time.sleep(0.2)
+        yield base, process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
