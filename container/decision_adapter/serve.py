@@ -26,9 +26,11 @@ def preflight(settings: Settings) -> None:
         find_gguf(settings.model_dir)
     except ModelFilesError as exc:
         raise PreflightError(str(exc)) from None
-    if settings.gpu_layers != 0:
+    try:
         from .engine import gpu_backend_available
-
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise PreflightError(f"llama-cpp-python cannot load its native library: {exc}") from None
+    if settings.gpu_layers != 0:
         if not gpu_backend_available():
             raise PreflightError(
                 f"ADAPTER_GPU_LAYERS={settings.gpu_layers} asks for GPU offload, but this llama-cpp-python "

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# `make image-test`: build the CPU image for real and serve the walkthrough's example decision from it.
+#
+# No registry is reachable here, so the base is a Debian root filesystem made with debootstrap and
+# imported into podman (cached under ~/.cache), and the llama-cpp-python wheel that `make` built is
+# handed to the image build. The model is packaged by model_build from the embedded GGUF, served over
+# loopback HTTP, then unpacked and mounted at /opt/ml/model as SageMaker does.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+: "${LLAMA_WHEEL_CACHE:?set by make: the folder holding the llama-cpp-python wheel}"
+CACHE=${IMAGE_TEST_CACHE:-$HOME/.cache/decision-adapter/image-test}
+SUITE=bookworm
+BASE_TAG=localhost/decision-adapter-base:$SUITE
+IMAGE=localhost/decision-adapter:cpu-test
+PODMAN=(podman --runtime runc)
+ULIMITS=(--ulimit nofile=20000:20000 --ulimit nproc=4096:4096)
+WORK=$(mktemp -d)
+CONTAINER=""
+
+say() { printf '\n== %s\n' "$*"; }
+cleanup() {
+    if [ -n "$CONTAINER" ]; then "${PODMAN[@]}" rm -f "$CONTAINER" >/dev/null 2>&1 || true; fi
+    [ -n "${HTTP_PID:-}" ] && kill "$HTTP_PID" 2>/dev/null || true
+    rm -f container/wheels/*.whl
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say "base image: Debian $SUITE with Python, from a local root filesystem"
+if ! "${PODMAN[@]}" image exists "$BASE_TAG"; then
+    if [ ! -x "$CACHE/rootfs-$SUITE/usr/bin/python3" ]; then
+        rm -rf "$CACHE/rootfs-$SUITE.partial" && mkdir -p "$CACHE"
+        debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+            "$SUITE" "$CACHE/rootfs-$SUITE.partial" http://deb.debian.org/debian
+        mv "$CACHE/rootfs-$SUITE.partial" "$CACHE/rootfs-$SUITE"
+    fi
+    # The base trusts the certificate authorities this machine trusts, so that pip inside the image
+    # build reaches PyPI the way the host's pip does (some networks inspect TLS with their own CA).
+    cp /etc/ssl/certs/ca-certificates.crt "$CACHE/rootfs-$SUITE/etc/ssl/certs/ca-certificates.crt"
+    printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > "$CACHE/rootfs-$SUITE/etc/pip.conf"
+    tar -C "$CACHE/rootfs-$SUITE" -c . | "${PODMAN[@]}" import - "$BASE_TAG"
+fi
+BASE_ID=$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE_TAG")
+echo "base $BASE_TAG = $BASE_ID"
+
+say "image: container/Dockerfile with the cached llama-cpp-python wheel"
+cp "$LLAMA_WHEEL_CACHE"/llama_cpp_python-*.whl container/wheels/
+"${PODMAN[@]}" build --isolation=chroot "${ULIMITS[@]}" -f container/Dockerfile \
+    --build-arg "BASE_IMAGE=$BASE_ID" -t "$IMAGE" container
+
+say "checks on the image: non-root user, serve entry point, no model inside"
+[ "$("${PODMAN[@]}" image inspect --format '{{.Config.User}}' "$IMAGE")" = 10001 ]
+[ "$("${PODMAN[@]}" image inspect --format '{{json .Config.Cmd}}' "$IMAGE")" = '["serve"]' ]
+if "${PODMAN[@]}" run --rm "${ULIMITS[@]}" --entrypoint sh "$IMAGE" -c 'find / -xdev -name "*.gguf" | grep .'; then
+    echo "image-test: the image contains a GGUF model" >&2; exit 1
+fi
+
+say "model: package the embedded GGUF with model_build, as CodeBuild would"
+GGUF_DIR=$("$PY" -c 'from decision_adapter.local import embedded_model_dir; print(embedded_model_dir())')
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+HTTP_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$PY" -m http.server --bind 127.0.0.1 --directory "$GGUF_DIR" "$HTTP_PORT" >/dev/null 2>&1 &
+HTTP_PID=$!
+SHA=$(sha256sum "$GGUF_DIR/$GGUF" | cut -d' ' -f1)
+cat > "$WORK/pins.json" <<PINS
+{"default": "smollm2-135m", "pins": {"smollm2-135m": {
+  "description": "SmolLM2-135M-Instruct Q4_1, the embedded test model",
+  "url": "http://127.0.0.1:$HTTP_PORT/$GGUF", "sha256": "$SHA", "bytes": $(stat -c %s "$GGUF_DIR/$GGUF")}}}
+PINS
+"$PY" -m model_build package --pins "$WORK/pins.json" --no-upload --output "$WORK/out" --work-dir "$WORK/dl"
+mkdir -p "$WORK/model"
+tar -xzf "$WORK"/out/smollm2-135m/*/model.tar.gz -C "$WORK/model"
+chmod -R a+rX "$WORK/model"
+ls -l "$WORK/model"
+
+say "run: serve the example decision from the image"
+PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+CONTAINER=$("${PODMAN[@]}" run -d "${ULIMITS[@]}" -p "127.0.0.1:$PORT:8080" \
+    -v "$WORK/model:/opt/ml/model:ro" "$IMAGE" serve)
+for _ in $(seq 240); do
+    if curl -sf "http://127.0.0.1:$PORT/ping" >/dev/null; then break; fi
+    if [ "$("${PODMAN[@]}" inspect --format '{{.State.Running}}' "$CONTAINER")" != true ]; then break; fi
+    sleep 0.5
+done
+if ! curl -sf "http://127.0.0.1:$PORT/ping"; then
+    "${PODMAN[@]}" logs "$CONTAINER" >&2; echo "image-test: the container never became ready" >&2; exit 1
+fi
+echo
+curl -sf "http://127.0.0.1:$PORT/invocations" -H 'Content-Type: application/json' \
+    -d @examples/support-route.json > "$WORK/result.json" || { "${PODMAN[@]}" logs "$CONTAINER" >&2; exit 1; }
+"$PY" - "$WORK/result.json" "$SHA" <<'CHECK'
+import json, math, sys
+result = json.load(open(sys.argv[1]))["result"]
+assert result["option_ids"] == ["account_access", "billing", "sales"], result
+assert math.isclose(sum(result["probabilities"]), 1.0, abs_tol=1e-9), result
+assert result["model"]["sha256"] == sys.argv[2] and result["model"]["source"], result["model"]
+print("probabilities:", dict(zip(result["option_ids"], (round(p, 4) for p in result["probabilities"]))))
+print("model:", result["model"]["file"], result["model"]["sha256"][:12], "from", result["model"]["source"])
+CHECK
+
+say "stop: SIGTERM, graceful exit"
+"${PODMAN[@]}" stop --time 60 "$CONTAINER" >/dev/null
+[ "$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$CONTAINER")" = 0 ]
+echo "image-test: OK"
