@@ -172,7 +172,7 @@ BAD_INPUT = [
     ("not json", "application/json", 400, "the body is not valid JSON"),
     ('{"decision": NaN}', "application/json", 400, "the body is not valid JSON: NaN is not valid JSON"),
     ("[1, 2]", "application/json", 400, "the body must be a JSON object"),
-    ({}, "application/json", 400, "the body must hold 'decision' or 'decisions'"),
+    ({}, "application/json", 400, "the body must hold 'decision', 'decisions' or 'questions' (System One)"),
     ({"decision": "x"}, "application/json", 400, "decision must be an object"),
     ({"decision": {}, "extra": 1}, "application/json", 400, "extra is not a known field"),
     (ex(id=...), "application/json", 400, "decision.id is required"),
