@@ -304,6 +304,22 @@ class Engine:
         first = tuple(root_logits[root_children.index(label[0])] for label in trie.sequences)
         return PromptScore(logprobs, first), evaluated
 
+    def prefill(self, tokens: Sequence[int], *, reuse_resident: bool = False) -> tuple[float, int]:
+        """Seconds to llama_decode ``tokens`` in the serving micro-batches with no readout, and the tokens
+        decoded: from empty memory, or forked from the resident prefix as scoring does (for benchmarks)."""
+        with self._lock:
+            resident = common_prefix([self._resident, tokens]) if reuse_resident else 0
+            if self.fork_by == "snapshot" and resident < len(self._resident):
+                resident = 0
+            self._clear([FIRST_FORK_SEQ])
+            try:
+                self._fork_from_resident(FIRST_FORK_SEQ, resident)
+                started = time.perf_counter()
+                self._run([_Segment(FIRST_FORK_SEQ, list(tokens[resident:]), resident, None)])
+                return time.perf_counter() - started, len(tokens) - resident
+            finally:
+                self._clear([FIRST_FORK_SEQ])
+
     # ---- memory --------------------------------------------------------------------------------
 
     def _fork_from_resident(self, dst: int, length: int) -> None:

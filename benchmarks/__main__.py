@@ -1,0 +1,59 @@
+"""`python -m benchmarks`: run the benchmark and write results.json, results.md and the plots."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from . import report
+from .run import Options, run
+from .tasks import DEFAULT_TASKS, TIERS, first_per_tier, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS],
+                        help="JSON-lines task files, or a folder with easy/original/hard.jsonl "
+                             "(default: the public JevBench tasks in ../shared/benchmarks/jevbench)")
+    parser.add_argument("--per-tier", type=int, default=0, metavar="N",
+                        help="only the first N tasks of each tier (default: all)")
+    parser.add_argument("--endpoint", default="auto",
+                        help="auto (start the adapter here), a /v1/systemone or /invocations URL, or sagemaker:NAME")
+    parser.add_argument("--generation", default="auto",
+                        help="auto (build and start llama-server here), none, a /v1/chat/completions URL, "
+                             "or sagemaker:NAME (the llama.cpp DLC text-generation endpoint)")
+    parser.add_argument("--model-dir", help="GGUF folder for the servers started here and for the prefill "
+                                            "floor (default: the embedded SmolLM2 model)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--gpu-layers", type=int, default=0, metavar="N",
+                        help="layers offloaded to the GPU by the servers started here and the floor "
+                             "(-1: all; needs GPU builds of llama-cpp-python and llama-server)")
+    parser.add_argument("--shared-questions", type=int, default=8, metavar="N",
+                        help="questions in the shared-state comparison (0 to skip)")
+    parser.add_argument("--region", help="AWS region for sagemaker: endpoints")
+    parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
+    args = parser.parse_args(argv)
+
+    missing = [p for p in args.tasks if not p.exists()]
+    if missing:
+        parser.error(f"no tasks at {', '.join(map(str, missing))}")
+    tasks = load(args.tasks)
+    if args.per_tier:
+        tasks = first_per_tier(tasks, args.per_tier)
+    options = Options(tasks=tasks, endpoint=args.endpoint, generation=args.generation, model_dir=args.model_dir,
+                      threads=args.threads, gpu_layers=args.gpu_layers, shared_questions=args.shared_questions, out=args.out,
+                      region=args.region, api_key=os.environ.get("ADAPTER_API_KEY") or None,
+                      notes={"task_files": [str(p) for p in args.tasks], "tiers": list(TIERS)})
+    result = run(options)
+    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    for path in report.write(result, args.out, command):
+        print(f"wrote {path}")
+    print(report.markdown({**{k: v for k, v in result.items() if not k.startswith('_')}, "command": command}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-server` (target tools/server) from the llama.cpp source that the pinned
+# llama-cpp-python source package vendors, with the same CPU flags as the adapter's wheel, so that the
+# generation baseline runs the same kernels. Built once into a cache folder; prints the binary's path.
+# LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g. "-DGGML_CUDA=ON" on a GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VERSION=$(sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
+FLAGS=${LLAMA_SERVER_CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
+FLAGS_ID=$(printf '%s' "$FLAGS" | sha256sum | cut -c1-12)
+DEST=${LLAMA_SERVER_CACHE:-$HOME/.cache/decision-adapter/llama-server-$VERSION-$FLAGS_ID}
+
+if [ -x "$DEST/bin/llama-server" ]; then
+    echo "$DEST/bin/llama-server"
+    exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "Building llama-server from llama-cpp-python $VERSION's vendored llama.cpp into $DEST (several minutes)..." >&2
+"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" >&2
+tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
+src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
+# shellcheck disable=SC2086
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >&2
+cmake --build "$work/build" --target llama-server -j "$(nproc)" >&2
+rm -rf "$DEST.partial" && mkdir -p "$DEST.partial/bin"
+cp "$work/build/bin/llama-server" "$DEST.partial/bin/"
+rm -rf "$DEST" && mv "$DEST.partial" "$DEST"
+echo "$DEST/bin/llama-server"

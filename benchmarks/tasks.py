@@ -1,0 +1,83 @@
+"""Decision tasks in the JevBench row format: loading, and turning a row into a System One request.
+
+A row holds `id`, `state`, `question` ({type, instructions, criteria}), the ordered `labels`, the
+`expected` label and, for the public JevBench files, `family` and `split`. The tier is the file's stem
+(easy, original, hard) unless the row names one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TASKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "jevbench"
+TIERS = ("easy", "original", "hard")
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    tier: str
+    family: str
+    state: Any
+    question: dict[str, Any]
+    labels: tuple[str, ...]
+    expected: str
+
+    @property
+    def kind(self) -> str:
+        return self.question["type"]
+
+    def system_one(self, model: str = "jev-latest") -> dict[str, Any]:
+        return {"model": model, "state": self.state, "questions": {"q": self.question}}
+
+    def distribution(self, answer: dict[str, Any]) -> list[float]:
+        """The answer's probabilities in `labels` order (noul labels are no, yes)."""
+        if self.kind == "noul":
+            p = float(answer["noul"])
+            return [1.0 - p if label == "no" else p for label in self.labels]
+        probabilities = answer["probabilities"]
+        return [float(probabilities[label]) for label in self.labels]
+
+
+def load(paths: list[Path]) -> list[Task]:
+    """Rows from JSON-lines files, or every tier of a folder holding easy/original/hard.jsonl."""
+    files: list[Path] = []
+    for path in paths:
+        files += [path / f"{tier}.jsonl" for tier in TIERS] if path.is_dir() else [path]
+    tasks = []
+    for file in files:
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                tasks.append(_task(row, default_tier=file.stem))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{file}:{number}: not a decision task: {exc}") from None
+    return tasks
+
+
+def _task(row: dict[str, Any], default_tier: str) -> Task:
+    question = row["question"]
+    if question["type"] not in ("noul", "choice", "score"):
+        raise ValueError(f"unknown question type {question['type']!r}")
+    labels = tuple(str(label) for label in row["labels"])
+    expected = str(row["expected"])
+    if expected not in labels:
+        raise ValueError(f"expected {expected!r} is not one of the labels {labels}")
+    return Task(id=str(row["id"]), tier=str(row.get("tier") or default_tier), family=str(row.get("family") or ""),
+                state=row["state"], question=question, labels=labels, expected=expected)
+
+
+def first_per_tier(tasks: list[Task], n: int) -> list[Task]:
+    """The first n tasks of each tier, in file order."""
+    counts: dict[str, int] = {}
+    kept = []
+    for task in tasks:
+        if counts.get(task.tier, 0) < n:
+            kept.append(task)
+            counts[task.tier] = counts.get(task.tier, 0) + 1
+    return kept

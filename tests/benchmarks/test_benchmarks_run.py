@@ -1,0 +1,80 @@
+"""The benchmark harness end to end on a handful of tasks: the real adapter, llama-server and the floor.
+
+`make bench` runs the same command on all 231 public JevBench tasks; here six tasks of our own in the
+same format prove that every part of a run works and that its outputs are complete and consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--tasks", str(SAMPLE), "--out", str(out),
+                           "--threads", "2", "--shared-questions", "3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, done.stdout, json.loads((out / "results.json").read_text())
+
+
+def test_every_task_is_answered_by_the_decision_endpoint(run):
+    _, _, result = run
+    overall = result["decision"]["overall"]
+    assert (overall["n"], overall["answered"], overall["failures"]) == (6, 6, 0)
+    assert set(result["decision"]["tiers"]) == {"easy", "original", "hard"}
+    for row in result["rows"]:
+        assert row["error"] is None and math.isclose(sum(row["distribution"]), 1.0, abs_tol=1e-6), row
+        assert row["predicted"] in {"track_order", "cancel_order", "billing_question", "no", "yes", "0", "1", "2",
+                                    "Billing", "Technical", "Sales", "currency_convert", "weather", "calculator",
+                                    "web_search"}
+    correct = sum(r["predicted"] == str(r["expected"]) for r in result["rows"])
+    assert overall["accuracy"] == pytest.approx(correct / 6)
+    assert 0 <= overall["brier"] <= 2 and 0 <= overall["ece_10"] <= 1
+    latency = result["decision"]["latency"]
+    assert latency["n"] == 6 and 0 < latency["p50_s"] <= latency["p95_s"] <= latency["max_s"]
+
+
+def test_the_generation_baseline_ran_on_llama_server_in_the_same_run(run):
+    _, _, result = run
+    generation = result["generation"]
+    assert result["config"]["generation"].endswith("/v1/chat/completions")
+    assert generation["overall"]["n"] == 6 and generation["latency"]["n"] == 6
+    assert 0 <= generation["overall"]["parse_failures"] <= 6
+    assert all(isinstance(row["generation"]["reply"], str) for row in result["rows"])
+
+
+def test_the_prefill_floor_and_the_shared_state_comparison_are_measured(run):
+    _, _, result = run
+    floor = result["prefill_floor"]
+    assert floor["latency"]["n"] == 6 and floor["ratio_p50"] > 0 and floor["prompt_tokens_p50"] > 50
+    assert all(row["floor_s"] > 0 and row["prompt_tokens"] > 0 for row in result["rows"])
+    own = floor["after_resident"]
+    assert own["latency"]["n"] == 6 and own["ratio_p50"] > 0
+    # Forked from the resident prefix, the floor decodes only what the adapter itself evaluates.
+    assert all(0 < row["own_tokens"] < row["prompt_tokens"] and row["own_floor_s"] > 0 for row in result["rows"])
+    shared = result["shared_state"]
+    assert shared["questions"] == 3 and shared["state_tokens"] > 0
+    assert shared["one_request_s"] > 0 and shared["separate_requests_s"] > 0
+    assert shared["speedup"] == pytest.approx(shared["separate_requests_s"] / shared["one_request_s"])
+
+
+def test_outputs_are_a_json_file_a_markdown_table_and_two_png_plots(run):
+    out, stdout, result = run
+    assert result["command"].startswith("python -m benchmarks --tasks")
+    table = (out / "results.md").read_text()
+    assert "| overall | 6 |" in table and "prefill floor" in table and "Shared state: 3 questions" in table
+    assert table in stdout
+    for name in ("reliability.png", "latency.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name

@@ -1,0 +1,190 @@
+"""Pure parts of the benchmark harness: task loading, scores, reply parsing, the report and busy retries."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import threading
+from pathlib import Path
+
+import pytest
+
+from benchmarks import generation
+from benchmarks.clients import EndpointError, HttpEndpoint, endpoint
+from benchmarks.metrics import Outcome, accuracy, brier, ece, latency_summary, percentile, reliability
+from benchmarks.report import markdown
+from benchmarks.tasks import first_per_tier, load
+
+SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
+
+
+def outcome(expected: str, distribution, labels=("a", "b"), latency=0.1, tier="easy") -> Outcome:
+    return Outcome("t", tier, labels, expected, None if distribution is None else tuple(distribution), latency)
+
+
+# ---- tasks -------------------------------------------------------------------------------------
+
+
+def test_sample_tasks_load_with_tiers_labels_and_integer_score_levels():
+    tasks = load([SAMPLE])
+    assert [t.tier for t in tasks] == ["easy", "easy", "original", "original", "hard", "hard"]
+    score = next(t for t in tasks if t.kind == "score")
+    assert score.expected == "2" and score.labels == ("0", "1", "2")
+    assert score.system_one() == {"model": "jev-latest", "state": score.state, "questions": {"q": score.question}}
+    assert [t.id for t in first_per_tier(tasks, 1)] == ["t-easy-choice", "t-original-score", "t-hard-noul"]
+
+
+def test_a_folder_is_read_tier_by_tier_and_the_file_names_the_tier(tmp_path):
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    for tier in ("easy", "original", "hard"):
+        (tmp_path / f"{tier}.jsonl").write_text(
+            "".join(json.dumps({k: v for k, v in r.items() if k != "tier"}) + "\n" for r in rows[:2]) + "\n")
+    tasks = load([tmp_path])
+    assert [t.tier for t in tasks] == ["easy", "easy", "original", "original", "hard", "hard"]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"id": "x", "state": "s", "question": {"type": "rank"}, "labels": ["a"], "expected": "a"}, "unknown question type 'rank'"),
+    ({"id": "x", "state": "s", "question": {"type": "noul"}, "labels": ["no", "yes"], "expected": "maybe"},
+     "expected 'maybe' is not one of the labels"),
+    ({"id": "x", "question": {"type": "noul"}, "labels": ["no", "yes"], "expected": "no"}, "'state'"),
+])
+def test_a_bad_row_names_its_file_and_line(tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(SAMPLE.read_text().splitlines()[0] + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError, match=rf"bad.jsonl:2: not a decision task: .*{message}"):
+        load([path])
+
+
+def test_answers_become_distributions_in_label_order():
+    tasks = {t.id: t for t in load([SAMPLE])}
+    assert tasks["t-easy-noul"].distribution({"noul": 0.8}) == pytest.approx([0.2, 0.8])
+    choice = tasks["t-easy-choice"]
+    answer = {"probabilities": {"billing_question": 0.1, "track_order": 0.7, "cancel_order": 0.2}}
+    assert choice.distribution(answer) == [0.7, 0.2, 0.1]
+
+
+# ---- scores ------------------------------------------------------------------------------------
+
+
+def test_failures_count_as_wrong_in_accuracy_but_are_left_out_of_brier_and_ece():
+    outcomes = [outcome("a", [0.9, 0.1]), outcome("b", [0.6, 0.4]), outcome("a", None)]
+    assert accuracy(outcomes) == pytest.approx(1 / 3)
+    # (0.1² + 0.1²) and (0.6² + 0.6²), averaged over the two answered tasks
+    assert brier(outcomes) == pytest.approx((0.02 + 0.72) / 2)
+    # bin 0.9: confidence 0.9, hit rate 1; bin 0.6: confidence 0.6, hit rate 0
+    assert ece(outcomes) == pytest.approx(0.5 * 0.1 + 0.5 * 0.6)
+
+
+def test_a_certain_answer_falls_in_the_last_reliability_bin():
+    bins = reliability([outcome("a", [1.0, 0.0]), outcome("a", [0.55, 0.45])], bins=10)
+    assert [len(members) for _, _, members in bins] == [0, 0, 0, 0, 0, 1, 0, 0, 0, 1]
+    assert ece([outcome("a", [1.0, 0.0])]) == 0.0
+
+
+def test_empty_inputs_give_nan_not_errors():
+    assert math.isnan(accuracy([])) and math.isnan(brier([outcome("a", None)])) and math.isnan(ece([]))
+    assert math.isnan(latency_summary([])["p50_s"])
+
+
+def test_percentiles_interpolate():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == 2.5 and percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
+    assert latency_summary(values) == {"p50_s": 2.5, "p95_s": pytest.approx(3.85), "max_s": 4.0, "n": 4}
+
+
+# ---- the generation baseline's reply parser -------------------------------------------------------
+
+
+@pytest.mark.parametrize("task_id, reply, label", [
+    ("t-easy-choice", "track_order", "track_order"),
+    ("t-easy-choice", "**Track order**.", "track_order"),
+    ("t-easy-choice", "Answer: cancel_order", "cancel_order"),
+    ("t-easy-choice", "The user wants track_order, not cancel_order", None),  # names two options
+    ("t-easy-choice", "I cannot tell.", None),
+    ("t-easy-noul", "Yes, it was paid.", "yes"),
+    ("t-easy-noul", "false", "no"),
+    ("t-easy-noul", "Maybe", None),
+    ("t-original-score", "2", "2"),
+    ("t-original-score", "Level: 1 (somewhat)", "1"),
+    ("t-original-score", "7", None),
+    ("t-hard-choice", "calculator", "calculator"),
+])
+def test_replies_are_parsed_to_one_option_or_none(task_id, reply, label):
+    task = next(t for t in load([SAMPLE]) if t.id == task_id)
+    assert generation.parse(task, reply) == label
+
+
+def test_the_chat_request_lists_every_option_and_asks_for_one():
+    task = next(t for t in load([SAMPLE]) if t.id == "t-hard-choice")
+    body = generation.request(task)
+    assert body["max_tokens"] == generation.MAX_TOKENS and body["temperature"] == 0.0
+    user = body["messages"][1]["content"]
+    assert task.state in user and all(f"- {label}:" in user for label in task.labels)
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+
+def test_markdown_report_has_a_row_per_tier_and_the_reproducing_command():
+    block = {"n": 2, "answered": 2, "failures": 0, "accuracy": 0.5, "brier": 0.3, "ece_10": 0.1}
+    latency = {"p50_s": 0.05, "p95_s": 0.08, "max_s": 0.09, "n": 2}
+    data = {"config": {"endpoint": "http://x", "tasks": 2, "threads": 2,
+                       "machine": {"cpus": 2, "cpu": "test CPU", "date": "2026-12-01"}},
+            "decision": {"overall": block, "tiers": {"easy": block}, "latency": latency, "decisions_per_s": 20.0},
+            "command": "python -m benchmarks --per-tier 1"}
+    text = markdown(data)
+    assert "Reproduce: `python -m benchmarks --per-tier 1`" in text
+    assert "| easy | 2 | 50.0% | 0.300 | 0.100 | - | - |" in text
+    assert "| decision endpoint (logit readout) | 50 ms | 80 ms | 90 ms | 20.00 |" in text
+
+
+# ---- clients -------------------------------------------------------------------------------------
+
+
+class _BusyThenOk(http.server.BaseHTTPRequestHandler):
+    answers: list[int] = []
+
+    def do_POST(self):  # noqa: N802 - the stdlib's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status = self.answers.pop(0)
+        body = json.dumps({"ok": status == 200}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Retry-After", "0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def stub():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyThenOk)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/systemone"
+    server.shutdown()
+
+
+def test_busy_answers_are_retried_after_retry_after(stub):
+    _BusyThenOk.answers = [503, 429, 200]
+    body, elapsed = HttpEndpoint(stub, attempts=3).call({"q": 1})
+    assert body == {"ok": True} and elapsed >= 0 and _BusyThenOk.answers == []
+
+
+def test_a_client_error_or_exhausted_retries_raise_with_the_status(stub):
+    _BusyThenOk.answers = [422]
+    with pytest.raises(EndpointError, match="HTTP 422"):
+        HttpEndpoint(stub).call({})
+    _BusyThenOk.answers = [503, 503]
+    with pytest.raises(EndpointError, match="HTTP 503"):
+        HttpEndpoint(stub, attempts=2).call({})
+
+
+def test_endpoint_specs():
+    assert endpoint("sagemaker:my-endpoint", region="us-east-1").name == "sagemaker:my-endpoint"
+    with pytest.raises(ValueError, match="http\\(s\\) URL or sagemaker:NAME"):
+        endpoint("my-endpoint")
