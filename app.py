@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The CDK app: ``npx cdk synth|diff|deploy|destroy -c env=NAME``.
+
+The only place that reads CDK context and the CLI's environment: it parses ``environments.<env>`` from cdk.json
+once into a frozen EnvironmentConfig (stacks/config.py), builds the three stacks of that environment (artifacts,
+build, endpoints; named ``<name_prefix>-artifacts`` etc.) and applies cdk-nag's AwsSolutions checks, so that
+synthesis fails on any finding that is not acknowledged with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+# jsii's Node.js runtime, started by the first aws_cdk import, prints an end-of-life banner on Node 20; the app
+# runs fine there, so keep `npx cdk` output readable (the Makefile exports the same).
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import aws_cdk as cdk  # noqa: E402
+from cdk_nag import AwsSolutionsChecks  # noqa: E402
+
+from stacks.artifacts_stack import ArtifactsStack  # noqa: E402
+from stacks.build_stack import BuildStack  # noqa: E402
+from stacks.config import ConfigError, EnvironmentConfig, load_environment  # noqa: E402
+from stacks.endpoints_stack import EndpointsStack  # noqa: E402
+
+REPOSITORY_ROOT = Path(__file__).resolve().parent
+MODEL_PINS_FILE = REPOSITORY_ROOT / "model_build" / "pins.json"
+
+
+def model_pin_names() -> list[str]:
+    return sorted(json.loads(MODEL_PINS_FILE.read_text())["pins"])
+
+
+def build_app(*, context: Mapping[str, Any] | None = None, outdir: str | None = None,
+              cli_environment: Mapping[str, str] | None = None) -> cdk.App:
+    """The app with its stacks; tests call this with their own context and outdir."""
+    app = cdk.App(context=dict(context) if context is not None else None, outdir=outdir)
+    environ = os.environ if cli_environment is None else cli_environment
+    config = load_environment(
+        app.node.try_get_context("environments"), app.node.try_get_context("env"), model_pins=model_pin_names(),
+        default_account=environ.get("CDK_DEFAULT_ACCOUNT"), default_region=environ.get("CDK_DEFAULT_REGION"))
+    add_stacks(app, config)
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return app
+
+
+def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
+    environment = cdk.Environment(account=config.account, region=config.region)
+    prefix = config.name_prefix
+    cdk.Tags.of(app).add("project", "decision-models")
+    cdk.Tags.of(app).add("environment", config.name)
+
+    artifacts = ArtifactsStack(app, f"{prefix}-artifacts", config=config, env=environment,
+                               description=f"{prefix}: artifact bucket and image repository")
+    build = BuildStack(app, f"{prefix}-build", config=config, artifacts=artifacts, env=environment,
+                       description=f"{prefix}: CodeBuild projects for the model archive and the images")
+    endpoints = EndpointsStack(app, f"{prefix}-endpoints", config=config, artifacts=artifacts, env=environment,
+                               description=f"{prefix}: SageMaker endpoints on the pinned artifacts")
+    # Their IAM statements import the artifact bucket's named export (ArtifactsStack.bucket_objects_arn).
+    build.add_stack_dependency(artifacts)
+    endpoints.add_stack_dependency(artifacts)
+    return {"artifacts": artifacts, "build": build, "endpoints": endpoints}
+
+
+def main() -> int:
+    try:
+        app = build_app()
+    except ConfigError as error:
+        print(f"cdk.json: {error}", file=sys.stderr)
+        return 2
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The artifacts stack: what outlives builds and endpoints.
+
+It owns the artifact bucket (model archives under ``models/``, image-digest records under ``image-digests/``),
+the bucket that receives its server access logs, and the ECR repository for the adapter images and the
+mirrored llama.cpp DLC image. ``artifacts.removal_policy`` decides what ``cdk destroy`` does with them:
+``destroy`` empties and deletes them (dev), ``retain`` leaves all three in the account (prod).
+"""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks import nag
+from stacks.config import EnvironmentConfig
+
+# Tag prefixes the builds push under; the ECR lifecycle keeps the newest images of each.
+IMAGE_TAG_PREFIXES = {"cpu": "cpu-", "gpu": "gpu-", "text_generation": "textgen-"}
+
+
+class ArtifactsStack(cdk.Stack):
+    def __init__(self, scope: Construct, construct_id: str, *, config: EnvironmentConfig, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        settings = config.artifacts
+        removal = cdk.RemovalPolicy.RETAIN if settings.retain else cdk.RemovalPolicy.DESTROY
+        # Only a destroyable bucket gets emptied on delete; a retained one keeps its objects.
+        empty_on_delete = not settings.retain
+
+        self.access_log_bucket = s3.Bucket(
+            self, "AccessLogBucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(
+                id="expire-access-logs", expiration=cdk.Duration.days(settings.access_log_expiration_days),
+                abort_incomplete_multipart_upload_after=cdk.Duration.days(1))],
+            removal_policy=removal,
+            auto_delete_objects=empty_on_delete,
+        )
+        # Not logged itself (it is the artifact bucket's log target; cdk-nag's S1 knows that).
+
+        self.bucket = s3.Bucket(
+            self, "ArtifactBucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_log_bucket,
+            server_access_logs_prefix="artifact-bucket/",
+            lifecycle_rules=[
+                # A failed model upload (64 MiB multipart parts) leaves parts behind that nobody resumes.
+                s3.LifecycleRule(id="abort-incomplete-uploads",
+                                 abort_incomplete_multipart_upload_after=cdk.Duration.days(7)),
+                # Superseded versions (latest.json digest records, replaced objects) and the delete markers
+                # left once they expire.
+                s3.LifecycleRule(id="expire-noncurrent-versions",
+                                 noncurrent_version_expiration=cdk.Duration.days(
+                                     settings.noncurrent_version_expiration_days),
+                                 expired_object_delete_marker=True),
+            ],
+            removal_policy=removal,
+            auto_delete_objects=empty_on_delete,
+        )
+
+        self.repository = ecr.Repository(
+            self, "ImageRepository",
+            image_tag_mutability=ecr.TagMutability.IMMUTABLE,
+            image_scan_on_push=True,
+            encryption=ecr.RepositoryEncryption.AES_256,
+            lifecycle_rules=[
+                ecr.LifecycleRule(
+                    rule_priority=priority, tag_prefix_list=[prefix], max_image_count=settings.images_kept_per_kind,
+                    description=f"keep the newest {settings.images_kept_per_kind} {kind} images (pins must be among them)")
+                for priority, (kind, prefix) in enumerate(IMAGE_TAG_PREFIXES.items(), start=1)
+            ],
+            removal_policy=removal,
+            empty_on_delete=empty_on_delete,
+        )
+
+        # Statements in other stacks name paths in this bucket through this named export, so that cdk-nag's
+        # finding ids for their prefix wildcards read '<stack>:ArtifactBucketArn/models/*' rather than a
+        # generated export name (see bucket_objects_arn).
+        self.bucket_arn_export_name = f"{self.stack_name}:ArtifactBucketArn"
+        self.export_value(self.bucket.bucket_arn, name=self.bucket_arn_export_name)
+
+        cdk.CfnOutput(self, "ArtifactBucketName", value=self.bucket.bucket_name,
+                      description="Model archives (models/) and image-digest records (image-digests/)")
+        cdk.CfnOutput(self, "ImageRepositoryUri", value=self.repository.repository_uri,
+                      description="Adapter images and the mirrored llama.cpp DLC image; pin them by digest")
+
+    def bucket_objects_arn(self, key_pattern: str) -> str:
+        """ARN of the artifact-bucket objects matching key_pattern, for IAM statements in another stack."""
+        return cdk.Fn.join("", [cdk.Fn.import_value(self.bucket_arn_export_name), "/", key_pattern])
+
+    def bucket_objects_finding(self, key_pattern: str) -> str:
+        """The cdk-nag IAM5 finding id that bucket_objects_arn(key_pattern) raises when it has a wildcard."""
+        return nag.wildcard_resource(f"{self.bucket_arn_export_name}/{key_pattern}")

@@ -1,0 +1,94 @@
+"""Facts about SageMaker ML instance types that the configuration and the endpoint stack act on.
+
+Only what the checks need: the vCPU count (threads may not exceed it), the CPU architecture (the adapter
+and the llama.cpp DLC images are x86-64 only), the NVIDIA GPU's CUDA compute capability (the GPU image is
+compiled for a fixed set, Dockerfile.gpu's CUDA_ARCHITECTURES) and whether the instance has local NVMe
+instance storage (SageMaker rejects a volume KmsKeyId for those: their disks are encrypted in hardware).
+"""
+
+from __future__ import annotations
+
+import re
+
+INSTANCE_TYPE = re.compile(r"^ml\.(?P<family>[a-z0-9]+(?:-[a-z0-9]+)?)\.(?P<size>medium|large|xlarge|[1-9][0-9]*xlarge)$")
+
+# Dockerfile.gpu: ARG CUDA_ARCHITECTURES="75;80;86;89;90" (a test keeps the two in step).
+GPU_IMAGE_CUDA_ARCHITECTURES: tuple[int, ...] = (75, 80, 86, 89, 90)
+
+# NVIDIA families: the GPU and its compute capability (sm_XY as the integer XY).
+NVIDIA_FAMILIES: dict[str, tuple[str, int]] = {
+    "p2": ("K80", 37),
+    "p3": ("V100", 70),
+    "p3dn": ("V100", 70),
+    "g4dn": ("T4", 75),
+    "p4d": ("A100", 80),
+    "p4de": ("A100", 80),
+    "g5": ("A10G", 86),
+    "g6": ("L4", 89),
+    "gr6": ("L4", 89),
+    "g6e": ("L40S", 89),
+    "p5": ("H100", 90),
+    "p5e": ("H200", 90),
+    "p5en": ("H200", 90),
+    "p6-b200": ("B200", 100),
+    "p6e-gb200": ("GB200", 100),
+    "p6-b300": ("B300", 103),
+    "g7e": ("RTX PRO 6000 Blackwell", 120),
+}
+
+# Families with local NVMe instance storage (EC2 instance-store volumes), besides the "d" variants
+# (c5d, m6id, r7gd, g4dn, p4d, ...) that the pattern below recognises.
+_INSTANCE_STORAGE_FAMILIES = frozenset({
+    "g5", "g6", "g6e", "gr6", "g7", "g7e", "p5", "p5e", "p5en", "p6-b200", "p6-b300", "p6e-gb200",
+    "trn1", "trn1n", "trn2", "dl1",
+})
+_D_VARIANT = re.compile(r"^[a-z]+[0-9]+[a-z]*d[a-z]*$")
+_GRAVITON = re.compile(r"^[a-z]+[0-9]+g[a-z]*$")          # c6g, c7gd, m8g, r6gd, c6gn, ...
+_ACCELERATED = re.compile(r"^(g|gr|p|inf|trn|dl)[0-9]")
+
+
+def family(instance_type: str) -> str:
+    match = INSTANCE_TYPE.match(instance_type)
+    if not match:
+        raise ValueError(f"not an ML instance type: {instance_type!r}")
+    return match["family"]
+
+
+def vcpus(instance_type: str) -> int:
+    """vCPUs of an ML instance type: medium 1 (t2.medium 2), large 2, xlarge 4, Nxlarge 4N."""
+    match = INSTANCE_TYPE.match(instance_type)
+    if not match:
+        raise ValueError(f"not an ML instance type: {instance_type!r}")
+    size = match["size"]
+    if size == "medium":
+        return 2 if match["family"] == "t2" else 1
+    if size == "large":
+        return 2
+    if size == "xlarge":
+        return 4
+    return 4 * int(size[: -len("xlarge")])
+
+
+def is_graviton(instance_type: str) -> bool:
+    return bool(_GRAVITON.match(family(instance_type)))
+
+
+def is_accelerated(instance_type: str) -> bool:
+    return bool(_ACCELERATED.match(family(instance_type)))
+
+
+def nvidia_gpu(instance_type: str) -> tuple[str, int] | None:
+    """(GPU name, compute capability) for NVIDIA families, None for anything else."""
+    return NVIDIA_FAMILIES.get(family(instance_type))
+
+
+def has_instance_storage(instance_type: str) -> bool:
+    """True where the instance has local NVMe storage, so SageMaker refuses a volume KmsKeyId.
+
+    Accelerated families missing from the tables count as having instance storage: leaving the key out
+    never fails CreateEndpointConfig (SageMaker then encrypts with its own key), setting it might.
+    """
+    name = family(instance_type)
+    if name in _INSTANCE_STORAGE_FAMILIES or _D_VARIANT.match(name):
+        return True
+    return is_accelerated(instance_type) and name not in NVIDIA_FAMILIES and not name.startswith("inf")

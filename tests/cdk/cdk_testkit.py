@@ -1,0 +1,158 @@
+"""Synthesizes the CDK app the way app.py does, for the tests in tests/cdk.
+
+Each (environment, pinned) combination is synthesized once per test session into a temporary cloud assembly,
+with cdk-nag applied as in app.py (a finding that is not acknowledged fails the synthesis). ``pinned`` supplies
+valid-format pins, so that the endpoint stacks have their endpoints; they are test values, obviously not real.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import aws_cdk as cdk
+from aws_cdk import assertions
+
+import app as cdk_app
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+CDK_JSON = REPOSITORY_ROOT / "cdk.json"
+ENVIRONMENTS = ("dev", "prod")
+STACK_KINDS = ("artifacts", "build", "endpoints")
+
+MODEL_SHA256 = "4" * 64
+TEST_PINS = {
+    "images": {"cpu": "sha256:" + "1" * 64, "gpu": "sha256:" + "2" * 64, "text_generation": "sha256:" + "3" * 64},
+    "model": {"s3_key": f"models/qwen3.5-4b/{MODEL_SHA256}/model.tar.gz", "gguf_sha256": MODEL_SHA256},
+}
+
+
+def cdk_json_context() -> dict[str, Any]:
+    return json.loads(CDK_JSON.read_text())["context"]
+
+
+def context_for(env: str, *, pinned: bool = True, edit=None) -> dict[str, Any]:
+    """cdk.json's context with -c env=<env>; pins supplied when ``pinned``; ``edit(environment_dict)`` applied last."""
+    context = copy.deepcopy(cdk_json_context())
+    environment = context["environments"][env]
+    if pinned:
+        environment["pins"] = copy.deepcopy(TEST_PINS)
+    if edit is not None:
+        edit(environment)
+    context["env"] = env
+    return context
+
+
+@dataclass
+class Synthesized:
+    env: str
+    outdir: Path
+    prefix: str
+
+    def stack_name(self, kind: str) -> str:
+        return f"{self.prefix}-{kind}"
+
+    def template(self, kind: str) -> dict[str, Any]:
+        return json.loads((self.outdir / f"{self.stack_name(kind)}.template.json").read_text())
+
+    def templates(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        for kind in STACK_KINDS:
+            yield kind, self.template(kind)
+
+    def assertions(self, kind: str) -> assertions.Template:
+        return assertions.Template.from_json(self.template(kind))
+
+    def resources(self, kind: str, resource_type: str) -> dict[str, dict[str, Any]]:
+        return {logical_id: resource for logical_id, resource in self.template(kind)["Resources"].items()
+                if resource["Type"] == resource_type}
+
+    def resource(self, kind: str, resource_type: str, logical_id_prefix: str) -> dict[str, Any]:
+        matches = [r for lid, r in self.resources(kind, resource_type).items() if lid.startswith(logical_id_prefix)]
+        assert len(matches) == 1, f"expected one {resource_type} {logical_id_prefix}*, found {len(matches)}"
+        return matches[0]
+
+    def warnings(self) -> list[str]:
+        """Warning annotations of all stacks, without CDK's ' [ack: id]' suffix."""
+        manifest = json.loads((self.outdir / "manifest.json").read_text())
+        found = []
+        for artifact in manifest["artifacts"].values():
+            metadata = dict(artifact.get("metadata", {}))
+            if "additionalMetadataFile" in artifact:
+                metadata.update(json.loads((self.outdir / artifact["additionalMetadataFile"]).read_text()))
+            found += [re.sub(r" \[ack: [^]]+\]$", "", entry["data"]) for entries in metadata.values()
+                      for entry in entries if entry["type"] == "aws:cdk:warning"]
+        return found
+
+    def asset_manifest(self, kind: str) -> dict[str, Any]:
+        return json.loads((self.outdir / f"{self.stack_name(kind)}.assets.json").read_text())
+
+
+def synthesize(context: dict[str, Any], outdir: Path, cli_environment: dict[str, str] | None = None) -> cdk.App:
+    app = cdk_app.build_app(context=context, outdir=str(outdir), cli_environment=cli_environment or {})
+    app.synth()
+    return app
+
+
+_OUTDIRS: list[Path] = []
+
+
+@functools.lru_cache(maxsize=None)
+def synthesized(env: str, pinned: bool = True) -> Synthesized:
+    outdir = Path(tempfile.mkdtemp(prefix=f"cdk-{env}-{'pinned' if pinned else 'fresh'}-"))
+    _OUTDIRS.append(outdir)
+    synthesize(context_for(env, pinned=pinned), outdir)
+    prefix = cdk_json_context()["environments"][env]["name_prefix"]
+    return Synthesized(env=env, outdir=outdir, prefix=prefix)
+
+
+def synthesized_with(env: str, edit, *, pinned: bool = True) -> Synthesized:
+    """A one-off synthesis of env with ``edit(environment_dict)`` applied to its cdk.json settings."""
+    context = context_for(env, pinned=pinned, edit=edit)
+    outdir = Path(tempfile.mkdtemp(prefix=f"cdk-{env}-edited-"))
+    _OUTDIRS.append(outdir)
+    synthesize(context, outdir)
+    return Synthesized(env=env, outdir=outdir, prefix=context["environments"][env]["name_prefix"])
+
+
+def remove_outdirs() -> None:
+    for outdir in _OUTDIRS:
+        shutil.rmtree(outdir, ignore_errors=True)
+
+
+def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(policy logical id, statement) for every IAM policy statement of a template."""
+    for logical_id, resource in template["Resources"].items():
+        if resource["Type"] == "AWS::IAM::Policy":
+            for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+                yield logical_id, statement
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def flatten(value: Any) -> str:
+    """A CloudFormation value as one readable string (refs as <LogicalId>, imports as their export name)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return ",".join(map(flatten, value))
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(map(flatten, parts))
+    if "Fn::ImportValue" in value:
+        return flatten(value["Fn::ImportValue"])
+    if "Fn::GetAtt" in value:
+        return "<" + ".".join(value["Fn::GetAtt"]) + ">"
+    if "Ref" in value:
+        return f"<{value['Ref']}>"
+    if "Fn::Sub" in value:
+        return re.sub(r"\$\{([^}]+)\}", r"<\1>", value["Fn::Sub"])
+    return json.dumps(value, sort_keys=True)

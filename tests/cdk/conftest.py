@@ -1,0 +1,37 @@
+"""Fixtures for tests/cdk: each environment synthesized once (cdk_testkit caches per session)."""
+
+import os
+
+import pytest
+
+# As in app.py: jsii's Node.js runtime would print an end-of-life banner on Node 20.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import cdk_testkit  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return cdk_testkit.synthesized("dev", pinned=True)
+
+
+@pytest.fixture(scope="module")
+def prod():
+    return cdk_testkit.synthesized("prod", pinned=True)
+
+
+@pytest.fixture(scope="module", params=cdk_testkit.ENVIRONMENTS)
+def pinned(request):
+    return cdk_testkit.synthesized(request.param, pinned=True)
+
+
+@pytest.fixture(scope="module", params=cdk_testkit.ENVIRONMENTS)
+def fresh_clone(request):
+    """An environment as cdk.json ships it: nothing pinned yet."""
+    return cdk_testkit.synthesized(request.param, pinned=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_cloud_assemblies():
+    yield
+    cdk_testkit.remove_outdirs()

@@ -1,0 +1,218 @@
+"""The build stack: four CodeBuild projects, each with its own least-privilege role, sources as CDK assets."""
+
+from __future__ import annotations
+
+
+import pytest
+import yaml
+from aws_cdk.assertions import Match
+
+from cdk_testkit import REPOSITORY_ROOT, as_list, flatten, statements
+
+PROJECTS = ("ModelBuild", "CpuImageBuild", "GpuImageBuild", "TextGenerationMirror")
+# The only actions that may have Resource "*": none of them supports resource-level permissions.
+SERVICE_WIDE_ACTIONS = {"ecr:GetAuthorizationToken", "ecr-public:GetAuthorizationToken", "sts:GetServiceBearerToken"}
+
+
+def project(synth, name):
+    return synth.resource("build", "AWS::CodeBuild::Project", name)
+
+
+def environment_variables(synth, name):
+    return {v["Name"]: flatten(v["Value"]) for v in project(synth, name)["Properties"]["Environment"]
+            ["EnvironmentVariables"]}
+
+
+def role_statements(synth, project_name):
+    """The statements of the role that project_name runs with."""
+    template = synth.template("build")
+    role = flatten(project(synth, project_name)["Properties"]["ServiceRole"])
+    policies = [lid for lid, r in template["Resources"].items() if r["Type"] == "AWS::IAM::Policy"
+                and [flatten(x) for x in r["Properties"]["Roles"]] == [role.replace(".Arn", "")]]
+    assert len(policies) == 1, policies
+    return [s for lid, s in statements(template) if lid == policies[0]]
+
+
+def grants(statement_list):
+    """{action: [resources]} over a list of statements."""
+    result = {}
+    for statement in statement_list:
+        assert statement["Effect"] == "Allow"
+        for action in as_list(statement["Action"]):
+            result.setdefault(action, []).extend(flatten(r) for r in as_list(statement["Resource"]))
+    return result
+
+
+def test_four_projects_one_role_each(pinned):
+    projects = pinned.resources("build", "AWS::CodeBuild::Project")
+    assert len(projects) == 4
+    roles = [flatten(p["Properties"]["ServiceRole"]) for p in projects.values()]
+    assert len(set(roles)) == 4
+    assert len(pinned.resources("build", "AWS::IAM::Role")) == 4
+
+
+def test_only_the_image_builds_are_privileged(pinned):
+    privileged = {name: project(pinned, name)["Properties"]["Environment"].get("PrivilegedMode", False)
+                  for name in PROJECTS}
+    assert privileged == {"ModelBuild": False, "CpuImageBuild": True, "GpuImageBuild": True,
+                          "TextGenerationMirror": False}
+
+
+def test_privileged_mode_and_images_with_cdk_assertions(pinned):
+    template = pinned.assertions("build")
+    template.resource_count_is("AWS::CodeBuild::Project", 4)
+    template.resource_properties_count_is("AWS::CodeBuild::Project", {
+        "Environment": Match.object_like({"PrivilegedMode": True})}, 2)
+    template.all_resources_properties("AWS::CodeBuild::Project", {
+        "Environment": Match.object_like({"Image": "aws/codebuild/standard:7.0", "Type": "LINUX_CONTAINER"}),
+        "Artifacts": {"Type": "NO_ARTIFACTS"}})
+    template.has_resource_properties("AWS::CodeBuild::Project", {
+        "Source": Match.object_like({"Type": "S3", "BuildSpec": "model_build/buildspec.yml"}),
+        "Environment": Match.object_like({"PrivilegedMode": False, "EnvironmentVariables": Match.array_with([
+            {"Name": "MODEL_PIN", "Type": "PLAINTEXT", "Value": "qwen3.5-4b"},
+            {"Name": "OUTPUT_PREFIX", "Type": "PLAINTEXT", "Value": "models/"}])})})
+
+
+def test_projects_log_to_their_own_log_group_with_retention(pinned):
+    log_groups = pinned.resources("build", "AWS::Logs::LogGroup")
+    assert len(log_groups) == 4
+    days = {"dev": 30, "prod": 90}[pinned.env]
+    assert {g["Properties"]["RetentionInDays"] for g in log_groups.values()} == {days}
+    assert all(g["DeletionPolicy"] == "Delete" for g in log_groups.values())
+    for name in PROJECTS:
+        logs = project(pinned, name)["Properties"]["LogsConfig"]["CloudWatchLogs"]
+        assert logs["Status"] == "ENABLED" and flatten(logs["GroupName"]).startswith(f"<{name}Logs")
+
+
+def test_projects_encrypt_with_the_rotated_build_key(pinned):
+    key = pinned.resource("build", "AWS::KMS::Key", "BuildEncryptionKey")
+    assert key["Properties"]["EnableKeyRotation"] is True
+    for name in PROJECTS:
+        assert flatten(project(pinned, name)["Properties"]["EncryptionKey"]).startswith("<BuildEncryptionKey")
+
+
+def test_environment_variables_match_the_buildspecs(pinned):
+    bucket = f"{pinned.prefix}-artifacts:ExportsOutputRefArtifactBucket"
+    model = environment_variables(pinned, "ModelBuild")
+    assert model["MODEL_PIN"] == "qwen3.5-4b" and model["OUTPUT_PREFIX"] == "models/"
+    assert model["ARTIFACT_BUCKET"].startswith(bucket)
+    for flavor in ("cpu", "gpu"):
+        image = environment_variables(pinned, f"{flavor.capitalize()}ImageBuild")
+        assert image["IMAGE_FLAVOR"] == flavor and image["DIGEST_PREFIX"] == "image-digests/"
+        assert image["ARTIFACT_BUCKET"].startswith(bucket)
+        assert "ImageRepository" in image["REPOSITORY_URI"]
+    mirror = environment_variables(pinned, "TextGenerationMirror")
+    assert mirror["SOURCE_IMAGE"] == ("public.ecr.aws/deep-learning-containers/llama-cpp@sha256:"
+                                      "1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43")
+    assert mirror["TAG_PREFIX"] == "textgen-"
+
+
+def test_buildspecs_come_from_the_sources(pinned):
+    assert project(pinned, "ModelBuild")["Properties"]["Source"]["BuildSpec"] == "model_build/buildspec.yml"
+    for name in ("CpuImageBuild", "GpuImageBuild"):
+        assert project(pinned, name)["Properties"]["Source"]["BuildSpec"] == "buildspec.yml"
+    mirror = project(pinned, "TextGenerationMirror")["Properties"]["Source"]
+    assert mirror["Type"] == "NO_SOURCE" and "skopeo copy --all" in mirror["BuildSpec"]
+
+
+def asset_zip_names(synth, asset_path: str) -> list[str]:
+    """The files the asset would upload, as CDK stages them (the zip is made from this folder)."""
+    root = synth.outdir / asset_path
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def source_asset(synth, name):
+    location = project(synth, name)["Properties"]["Source"]["Location"]
+    key = flatten(location).rsplit("/", 1)[1]
+    files = synth.asset_manifest("build")["files"]
+    return files[key.removesuffix(".zip")]["source"]
+
+
+def test_the_model_build_source_is_only_model_build(pinned):
+    source = source_asset(pinned, "ModelBuild")
+    assert source["packaging"] == "zip"
+    names = asset_zip_names(pinned, source["path"])
+    expected = sorted(str(p.relative_to(REPOSITORY_ROOT)) for p in (REPOSITORY_ROOT / "model_build").rglob("*")
+                      if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    assert names == expected
+    assert "model_build/buildspec.yml" in names and "model_build/pins.json" in names
+
+
+def test_the_image_source_is_the_container_folder(pinned):
+    source = source_asset(pinned, "CpuImageBuild")
+    assert source == source_asset(pinned, "GpuImageBuild")
+    names = asset_zip_names(pinned, source["path"])
+    assert {"buildspec.yml", "Dockerfile", "Dockerfile.gpu", "requirements.txt"} <= set(names)
+    assert not [n for n in names if n.endswith((".whl", ".pyc"))]
+
+
+def test_the_same_sources_give_the_same_asset_hashes(dev, prod):
+    # The assets depend on the source files only, not on the environment or the synthesis.
+    assert source_asset(dev, "ModelBuild")["path"] == source_asset(prod, "ModelBuild")["path"]
+    assert source_asset(dev, "CpuImageBuild")["path"] == source_asset(prod, "CpuImageBuild")["path"]
+
+
+@pytest.mark.parametrize("name", PROJECTS)
+def test_roles_have_no_wildcard_actions_and_star_only_where_required(pinned, name):
+    for action, resources in grants(role_statements(pinned, name)).items():
+        assert "*" not in action, action
+        if "*" in resources:
+            assert action in SERVICE_WIDE_ACTIONS, action
+
+
+def test_model_build_role_writes_the_model_prefix_only(pinned):
+    export = f"{pinned.prefix}-artifacts:ArtifactBucketArn"
+    found = grants(role_statements(pinned, "ModelBuild"))
+    on_bucket = {a: [r for r in rs if export in r] for a, rs in found.items()}
+    assert {a: rs for a, rs in on_bucket.items() if rs} == {
+        "s3:PutObject": [f"{export}/models/*"], "s3:GetObject": [f"{export}/models/*"],
+        "s3:AbortMultipartUpload": [f"{export}/models/*"], "s3:ListBucket": [export]}
+    list_statement = [s for s in role_statements(pinned, "ModelBuild") if s["Action"] == "s3:ListBucket"][0]
+    assert list_statement["Condition"] == {"StringLike": {"s3:prefix": ["models/*"]}}
+    assert not any(a.startswith("ecr") for a in found)
+
+
+@pytest.mark.parametrize("flavor", ["cpu", "gpu"])
+def test_image_build_roles_push_to_the_one_repository(pinned, flavor):
+    found = grants(role_statements(pinned, f"{flavor.capitalize()}ImageBuild"))
+    repository = [r for a, r in found.items() if a == "ecr:PutImage"][0]
+    assert len(repository) == 1 and "ImageRepository" in repository[0]
+    assert found["s3:PutObject"] == [f"{pinned.prefix}-artifacts:ArtifactBucketArn/image-digests/{flavor}/*"]
+    assert not any(a.startswith("s3:") and a not in ("s3:PutObject", "s3:GetObject", "s3:GetObjectVersion",
+                                                      "s3:GetBucketLocation", "s3:GetBucketAcl") for a in found)
+
+
+@pytest.mark.parametrize("name", PROJECTS)
+def test_each_role_reads_only_its_own_source_and_writes_its_own_logs(pinned, name):
+    found = grants(role_statements(pinned, name))
+    assert found["logs:PutLogEvents"] == [f"<{name}Logs" + found["logs:PutLogEvents"][0].split(f"<{name}Logs")[1]]
+    if name == "TextGenerationMirror":
+        assert "s3:GetObject" not in found
+        return
+    source_key = flatten(project(pinned, name)["Properties"]["Source"]["Location"]).rsplit("/", 1)[1]
+    sources = [r for r in found["s3:GetObject"] if "cdk-hnb659fds-assets" in r]
+    assert len(sources) == 1 and sources[0].endswith("/" + source_key)
+
+
+BUILDSPEC_VARIABLES = {"model_build/buildspec.yml": ("ModelBuild", ["ARTIFACT_BUCKET", "MODEL_PIN", "OUTPUT_PREFIX"]),
+                       "container/buildspec.yml": ("CpuImageBuild", ["REPOSITORY_URI", "IMAGE_FLAVOR",
+                                                                     "ARTIFACT_BUCKET", "DIGEST_PREFIX"])}
+
+
+@pytest.mark.parametrize("path", BUILDSPEC_VARIABLES)
+def test_projects_set_every_variable_their_buildspec_requires(pinned, path):
+    text = (REPOSITORY_ROOT / path).read_text()
+    project_name, required = BUILDSPEC_VARIABLES[path]
+    for name in required:
+        assert name in text  # the buildspec still checks it
+    assert set(required) <= set(environment_variables(pinned, project_name))
+
+
+@pytest.mark.parametrize("path", [
+    "model_build/buildspec.yml",
+    "container/buildspec.yml",
+])
+def test_the_buildspecs_are_valid_yaml(path):
+    spec = yaml.safe_load((REPOSITORY_ROOT / path).read_text())
+    assert spec["version"] == 0.2
+    assert all(isinstance(command, str) for phase in spec["phases"].values() for command in phase["commands"])

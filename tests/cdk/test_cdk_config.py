@@ -1,0 +1,196 @@
+"""stacks/config.py: cdk.json's environments parse into frozen configs; every bad value is named by its key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import app as cdk_app
+from cdk_testkit import context_for
+from stacks.config import ConfigError, EcrRepositoryRef, ImagePin, load_environment
+
+DLC_DIGEST = "sha256:1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43"
+
+
+def parse(env: str = "prod", edit=None, pinned: bool = True, **defaults):
+    context = context_for(env, pinned=pinned, edit=edit)
+    return load_environment(context["environments"], env, model_pins=cdk_app.model_pin_names(), **defaults)
+
+
+def setting(path: str, value):
+    """An edit that sets the dotted path inside the environment (list indexes as numbers)."""
+    def edit(environment):
+        *parents, last = path.split(".")
+        node = environment
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return edit
+
+
+def removing(path: str):
+    def edit(environment):
+        *parents, last = path.split(".")
+        node = environment
+        for part in parents:
+            node = node[part]
+        del node[last]
+    return edit
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+@pytest.mark.parametrize("pinned", [False, True])
+def test_shipped_environments_parse(env, pinned):
+    config = parse(env, pinned=pinned)
+    assert config.name == env
+    assert config.endpoints == ("cpu", "gpu", "text_generation")
+    assert config.artifacts.retain is (env == "prod")
+    assert 1 <= len(config.gpu.instance_pools) <= 5
+    assert (config.pins.model is not None) is pinned
+
+
+def test_fresh_clone_has_no_pins_and_names_what_to_set():
+    config = parse("dev", pinned=False)
+    assert config.pins.cpu_image is None and config.pins.model is None
+    assert config.missing_pins("gpu") == ("environments.dev.pins.images.gpu", "environments.dev.pins.model")
+
+
+def test_config_is_frozen():
+    config = parse()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.name_prefix = "other"
+    assert isinstance(config.gpu.instance_pools, tuple)
+
+
+def test_gpu_pools_keep_their_order():
+    config = parse(edit=setting("gpu.instance_pools", ["ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge"]))
+    assert config.gpu.instance_pools == ("ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge")
+
+
+def test_digest_pins_resolve_against_the_project_repository():
+    config = parse()
+    assert config.pins.cpu_image == ImagePin(digest="sha256:" + "1" * 64, repository=None)
+
+
+def test_a_private_ecr_uri_pinned_by_digest_names_its_repository():
+    uri = f"763104351884.dkr.ecr.eu-west-1.amazonaws.com/llama-cpp@{DLC_DIGEST}"
+    config = parse(edit=setting("pins.images.text_generation", uri))
+    assert config.pins.text_generation_image == ImagePin(digest=DLC_DIGEST, repository=EcrRepositoryRef(
+        account="763104351884", region="eu-west-1", name="llama-cpp", partition="aws"))
+    assert config.pins.text_generation_image.repository.arn == \
+        "arn:aws:ecr:eu-west-1:763104351884:repository/llama-cpp"
+
+
+def test_account_and_region_default_to_the_cli_environment():
+    config = parse("dev", default_account="111122223333", default_region="eu-central-1")
+    assert (config.account, config.region) == ("111122223333", "eu-central-1")
+    pinned_region = parse("dev", edit=setting("region", "us-west-2"), default_region="eu-central-1")
+    assert pinned_region.region == "us-west-2"
+
+
+SIX_POOLS = ["ml.g6.xlarge", "ml.g6.2xlarge", "ml.g5.xlarge", "ml.g5.2xlarge", "ml.g4dn.xlarge", "ml.g6e.xlarge"]
+TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (setting("gpu.instance_pools", SIX_POOLS),
+     "environments.prod.gpu.instance_pools: expected a list of 1 to 5 instance types in priority order"),
+    (setting("gpu.instance_pools", []),
+     "environments.prod.gpu.instance_pools: expected a list of 1 to 5 instance types in priority order"),
+    (setting("gpu.instance_pools", ["ml.g6.xlarge", "ml.g5.xlarge", "ml.p3.2xlarge"]),
+     "environments.prod.gpu.instance_pools[2]: 'ml.p3.2xlarge' has an NVIDIA V100 (sm_70), which the GPU image "
+     "is not compiled for"),
+    (setting("gpu.instance_pools", ["ml.g6.xlarge", "ml.g6.xlarge"]),
+     "environments.prod.gpu.instance_pools[1]: 'ml.g6.xlarge' is already pool 1"),
+    (setting("gpu.instance_pools", ["ml.c7i.xlarge"]),
+     "environments.prod.gpu.instance_pools[0]: 'ml.c7i.xlarge' is not an NVIDIA GPU instance family"),
+    (setting("gpu.instance_pools", ["g6.xlarge"]),
+     "environments.prod.gpu.instance_pools[0]: 'g6.xlarge' is not an ML instance type"),
+    (setting("gpu.provision_timeout_s", 299), "environments.prod.gpu.provision_timeout_s: 299 is outside 300..3600"),
+    (setting("gpu.provision_timeout_s", 3601), "environments.prod.gpu.provision_timeout_s: 3601 is outside 300..3600"),
+    (setting("gpu.provision_timeout_s", "900"),
+     "environments.prod.gpu.provision_timeout_s: expected an integer from 300 to 3600, got a string"),
+    (setting("gpu.inference_ami_version", "al2-ami-sagemaker-inference-neuron-2"),
+     "environments.prod.gpu.inference_ami_version: 'al2-ami-sagemaker-inference-neuron-2' is not one of"),
+    (setting("pins.images.cpu", f"{TAGGED}:latest"),
+     f"environments.prod.pins.images.cpu: '{TAGGED}:latest' is pinned by the mutable tag ':latest'; pin the "
+     "digest instead"),
+    (setting("pins.images.gpu", f"{TAGGED}:v1"),
+     f"environments.prod.pins.images.gpu: '{TAGGED}:v1' is pinned by the mutable tag ':v1'"),
+    (setting("pins.images.gpu", "v1"), "environments.prod.pins.images.gpu: 'v1' is pinned without a digest"),
+    (setting("pins.images.cpu", "sha256:abc"), "environments.prod.pins.images.cpu: 'sha256:abc' has a malformed "
+                                               "digest"),
+    (setting("pins.images.cpu", f"{TAGGED}@sha256:" + "A" * 64), "environments.prod.pins.images.cpu: "
+                                                                 f"'{TAGGED}@sha256:" + "A" * 64 + "' has a malformed"),
+    (setting("pins.images.cpu", "ghcr.io/ggml-org/llama.cpp@sha256:" + "1" * 64),
+     "environments.prod.pins.images.cpu: 'ghcr.io/ggml-org/llama.cpp@sha256:" + "1" * 64 + "' is not in a private "
+     "Amazon ECR registry"),
+    (setting("pins.images.text_generation", f"public.ecr.aws/deep-learning-containers/llama-cpp@{DLC_DIGEST}"),
+     "environments.prod.pins.images.text_generation: 'public.ecr.aws/deep-learning-containers/llama-cpp@sha256:"
+     "1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43' is not in a private Amazon ECR registry"),
+    (setting("pins.model.gguf_sha256", "5" * 64),
+     "environments.prod.pins.model.s3_key: the key's GGUF sha256 (444444444444...) differs from "
+     "environments.prod.pins.model.gguf_sha256 (555555555555...)"),
+    (setting("pins.model.s3_key", "models/model.tar.gz"),
+     "environments.prod.pins.model.s3_key: 'models/model.tar.gz' is not a key of the form "
+     "models/<pin>/<gguf sha256>/model.tar.gz"),
+    (removing("pins.model.gguf_sha256"), "environments.prod.pins.model.gguf_sha256: is required"),
+    (setting("cpu.threads", 9), "environments.prod.cpu.threads: 9 threads exceed the 8 vCPUs of ml.c7i.2xlarge"),
+    (setting("cpu.instance_type", "ml.c7g.2xlarge"),
+     "environments.prod.cpu.instance_type: 'ml.c7g.2xlarge' is a Graviton (arm64) instance; the CPU adapter image "
+     "is built for x86-64"),
+    (setting("text_generation.instance_type", "ml.g5.xlarge"),
+     "environments.prod.text_generation.instance_type: 'ml.g5.xlarge' is an accelerated instance"),
+    (setting("cpu.initial_instance_count", 7),
+     "environments.prod.cpu.initial_instance_count: 7 is above max_instance_count (6)"),
+    (setting("cpu.startup_health_check_timeout_s", 59),
+     "environments.prod.cpu.startup_health_check_timeout_s: 59 is outside 60..3600"),
+    (setting("endpoints", ["cpu", "tpu"]), "environments.prod.endpoints[1]: 'tpu' is not one of cpu, gpu, "
+                                           "text_generation"),
+    (setting("endpoints", ["cpu", "cpu"]), "environments.prod.endpoints[1]: 'cpu' is listed twice"),
+    (setting("name_prefix", "Decision_Prod"), "environments.prod.name_prefix: 'Decision_Prod' is not 3 to 24"),
+    (setting("account", "12345"), "environments.prod.account: '12345' is not a 12-digit AWS account id"),
+    (setting("region", "mars-1"), "environments.prod.region: 'mars-1' is not an AWS region name"),
+    (setting("build.model_pin", "llama-70b"),
+     "environments.prod.build.model_pin: 'llama-70b' is not a pin in model_build/pins.json (qwen3.5-4b)"),
+    (setting("build.text_generation_source_image", "public.ecr.aws/deep-learning-containers/llama-cpp:latest"),
+     "environments.prod.build.text_generation_source_image: expected an image reference pinned by digest"),
+    (setting("build.log_retention_days", 10), "environments.prod.build.log_retention_days: 10 is not a CloudWatch "
+                                              "Logs retention"),
+    (setting("artifacts.removal_policy", "delete"),
+     "environments.prod.artifacts.removal_policy: 'delete' is not one of destroy, retain"),
+    (setting("cpu.instnace_type", "ml.c7i.xlarge"),
+     "environments.prod.cpu.instnace_type: unknown key (expected one of: instance_type, threads"),
+    (setting("gpu_pools", []), "environments.prod.gpu_pools: unknown key"),
+    (removing("text_generation"), "environments.prod.text_generation: is required"),
+    (setting("cpu", "ml.c7i.xlarge"), "environments.prod.cpu: expected an object, got a string"),
+], ids=lambda value: value if isinstance(value, str) and len(value) < 60 else None)
+def test_invalid_values_are_named_by_key_path(edit, expected):
+    with pytest.raises(ConfigError) as error:
+        parse("prod", edit=edit)
+    assert expected in str(error.value), str(error.value)
+
+
+def test_every_problem_is_reported_at_once():
+    def edit(environment):
+        environment["gpu"]["provision_timeout_s"] = 10
+        environment["pins"]["images"]["cpu"] = "decision:latest"
+        environment["surprise"] = True
+    with pytest.raises(ConfigError) as error:
+        parse("dev", edit=edit)
+    assert [problem.split(":")[0] for problem in error.value.problems] == [
+        "environments.dev.gpu.provision_timeout_s", "environments.dev.pins.images.cpu", "environments.dev.surprise"]
+
+
+@pytest.mark.parametrize("env_name, expected", [
+    (None, "env: choose an environment with -c env=NAME (one of: dev, prod)"),
+    ("staging", "env: 'staging' is not an environment in cdk.json (one of: dev, prod)"),
+])
+def test_the_environment_must_be_chosen(env_name, expected):
+    context = context_for("dev")
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        load_environment(context["environments"], env_name, model_pins=cdk_app.model_pin_names())
