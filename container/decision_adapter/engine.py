@@ -10,6 +10,9 @@ Memory layout, with the model's memory shared by all sequences (``kv_unified``):
 
 * sequence 0 holds the resident prefix (template head and system instruction), decoded once at load;
 * sequence 1 holds the shared part of a request's prompts (the state), decoded once per request;
+  the state is decoded in large prefill micro-batches laid out the same way whatever else the request
+  holds, the rest (questions, label paths) in small micro-batches where every query is computed alone,
+  so that an answer does not depend on the other questions of its request;
 * sequences 2.. are forks: one per prompt, then one per inner label-trie node, decoded side by side.
 
 Attention-only models fork by ``llama_memory_seq_cp``, which shares cells instead of copying them.
@@ -54,7 +57,8 @@ class EngineOptions:
     threads: int
     gpu_layers: int = 0
     ctx_tokens: int = 8192
-    batch_tokens: int = 512
+    batch_tokens: int = 32
+    prefill_batch_tokens: int = 512
     parallel_sequences: int = 8
     flash_attention: bool = False
     fork_by: str = "auto"  # "copy" (share memory cells), "snapshot" (save/restore state) or "auto"
@@ -120,8 +124,9 @@ class Engine:
 
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = opts.ctx_tokens
-        cparams.n_batch = opts.batch_tokens
-        cparams.n_ubatch = opts.batch_tokens  # one llama_decode is one micro-batch: its shape is ours
+        largest = max(opts.batch_tokens, opts.prefill_batch_tokens)
+        cparams.n_batch = largest
+        cparams.n_ubatch = largest  # one llama_decode is one micro-batch: its shape is ours
         cparams.n_seq_max = opts.parallel_sequences
         cparams.n_threads = opts.threads
         cparams.n_threads_batch = opts.threads
@@ -137,7 +142,8 @@ class Engine:
         self._memory = llama.llama_get_memory(self._ctx)
         self.ctx_tokens = llama.llama_n_ctx(self._ctx)
         self.batch_tokens = opts.batch_tokens
-        self._batch = llama.llama_batch_init(opts.batch_tokens + 1, 0, 1)  # +1 for the scratch pad
+        self.prefill_batch_tokens = opts.prefill_batch_tokens
+        self._batch = llama.llama_batch_init(largest + 1, 0, 1)  # +1 for the scratch pad
         self.scratch_seq = opts.parallel_sequences - 1
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
@@ -220,28 +226,43 @@ class Engine:
 
     # ---- scoring -------------------------------------------------------------------------------
 
-    def score(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie]) -> tuple[list[PromptScore], ScoreStats]:
-        """Score each prompt against its label trie; prompts sharing a prefix evaluate it once."""
+    def score(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie], *,
+              state: tuple[int, int] | None = None) -> tuple[list[PromptScore], ScoreStats]:
+        """Score each prompt against its label trie; prompts sharing a prefix evaluate it once.
+
+        ``state`` is the span of tokens that every prompt has whatever its question (the state): they are
+        decoded in prefill micro-batches starting at its first token, the rest in small ones, so the
+        layout, and with it every logit, depends on the prompt alone: not on the resident prefix, the other
+        prompts of the call, or their order. Without it, the whole prompt is decoded in small micro-batches.
+        """
         if not prompts or len(prompts) != len(tries):
             raise ValueError("one label trie per prompt is needed")
         with self._lock:
             try:
-                return self._score(prompts, tries)
+                return self._score(prompts, tries, state)
             finally:
                 self._clear(range(SHARED_SEQ, self.options.parallel_sequences))
 
-    def _score(self, prompts, tries):
+    def _score(self, prompts, tries, state):
         t0 = time.perf_counter()
         copy = self.fork_by == "copy"
         resident = common_prefix([self._resident, *prompts])
         if not copy and resident < len(self._resident):
             resident = 0  # a saved state cannot be cut back to a shorter prefix: start from nothing
         # Every prompt keeps at least its last token of its own: its logits are the readout.
-        shared_end = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
+        common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
+        state_start, state_end = state or (common, common)
+        state_start = min(max(state_start, resident), common)
+        state_end = min(max(state_end, state_start), common)
+        shared_end = common if len(prompts) > 1 else state_end
         base = _Base(None, resident)
-        if len(prompts) > 1 and shared_end > resident:
+        if shared_end > resident:
+            prompt = prompts[0]
             self._fork_from_resident(SHARED_SEQ, resident)
-            self._run([_Segment(SHARED_SEQ, prompts[0][resident:shared_end], resident, None)])
+            self._run([_Segment(SHARED_SEQ, prompt[resident:state_start], resident, None)])
+            self._run([_Segment(SHARED_SEQ, prompt[state_start:state_end], state_start, None)],
+                      self.prefill_batch_tokens)
+            self._run([_Segment(SHARED_SEQ, prompt[state_end:shared_end], state_end, None)])
             base = _Base(SHARED_SEQ, shared_end, None if copy else self._save(SHARED_SEQ))
 
         fork_seqs = list(range(FIRST_FORK_SEQ, self.scratch_seq))
@@ -305,7 +326,7 @@ class Engine:
         return PromptScore(logprobs, first), evaluated
 
     def prefill(self, tokens: Sequence[int], *, reuse_resident: bool = False) -> tuple[float, int]:
-        """Seconds to llama_decode ``tokens`` in the serving micro-batches with no readout, and the tokens
+        """Seconds to llama_decode ``tokens`` in prefill micro-batches with no readout, and the tokens
         decoded: from empty memory, or forked from the resident prefix as scoring does (for benchmarks)."""
         with self._lock:
             resident = common_prefix([self._resident, tokens]) if reuse_resident else 0
@@ -315,7 +336,8 @@ class Engine:
             try:
                 self._fork_from_resident(FIRST_FORK_SEQ, resident)
                 started = time.perf_counter()
-                self._run([_Segment(FIRST_FORK_SEQ, list(tokens[resident:]), resident, None)])
+                self._run([_Segment(FIRST_FORK_SEQ, list(tokens[resident:]), resident, None)],
+                          self.prefill_batch_tokens)
                 return time.perf_counter() - started, len(tokens) - resident
             finally:
                 self._clear([FIRST_FORK_SEQ])
@@ -360,14 +382,15 @@ class Engine:
         for seq in seqs:
             llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
 
-    def _run(self, segments: list[_Segment]) -> None:
-        """Decode segments of several sequences, one llama_decode per micro-batch.
+    def _run(self, segments: list[_Segment], size: int | None = None) -> None:
+        """Decode segments of several sequences, one llama_decode per micro-batch of ``size`` tokens
+        (default: ``batch_tokens``).
 
         Micro-batches never hold a single token: llama.cpp's CPU attention takes another code path
         for one query, so a lone token is decoded beside a throw-away copy in the scratch sequence.
         """
         stream = [(seg, j) for seg in segments for j in range(len(seg.tokens))]
-        size = self.batch_tokens
+        size = size or self.batch_tokens
         chunks = [stream[i:i + size] for i in range(0, len(stream), size)]
         if len(chunks) > 1 and len(chunks[-1]) == 1:
             chunks[-1].insert(0, chunks[-2].pop())

@@ -19,6 +19,7 @@ SYSTEM_INSTRUCTION = (
     "You are a decision model. Read the state, then answer the question by choosing exactly one of the "
     "labelled options. Reply with the option's label only.")
 STATE_HEADING = "State:\n"
+QUESTION_HEADING = "\n\nQuestion:\n"
 _SENTINEL = "\x00decision-adapter-user-payload\x00"
 
 
@@ -33,7 +34,7 @@ def state_text(state: Any) -> str:
 
 def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
     lines = "\n".join(f"{label}. {text}" for label, text in zip(labels, options))
-    return (f"{STATE_HEADING}{state}\n\nQuestion:\n{question}\n\nOptions:\n{lines}\n\n"
+    return (f"{STATE_HEADING}{state}{QUESTION_HEADING}{question}\n\nOptions:\n{lines}\n\n"
             f"Answer with the label of one option.")
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence
 from .errors import InputError, Loc
 from .labels import MAX_OPTIONS, PAIRED, SINGLE, labels_for
 from .model_files import ModelIdentity
-from .prompt import ChatTemplate, PromptLayout, TemplateError, user_payload
+from .prompt import QUESTION_HEADING, ChatTemplate, PromptLayout, TemplateError, user_payload
 from .readout import LabelTrie, common_prefix
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
@@ -46,7 +46,7 @@ class ScoringEngine(Protocol):
     def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def keep_resident(self, tokens: Sequence[int]) -> None: ...
-    def score(self, prompts, tries): ...
+    def score(self, prompts, tries, *, state: tuple[int, int] | None = None): ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class Prepared:
     prompts: tuple[str, ...]
     tokens: tuple[tuple[int, ...], ...]
     request_tokens: int
+    state: tuple[int, int]  # the span of tokens every prompt has whatever its question: its state
 
 
 @dataclass(frozen=True)
@@ -98,11 +99,13 @@ class DecisionModel:
             head = self.layout.head
         except TemplateError as exc:
             raise ModelIncompatible(str(exc)) from None
+        self._head = head
+        self._head_tokens = engine.tokenize(head)
         self._control = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
                          if engine.control_texts else None)
         self._label_tokens = self._check_labels()
         self._tries: dict[int, Any] = {}
-        engine.keep_resident(engine.tokenize(head))
+        engine.keep_resident(self._head_tokens)
         self.model_info = {**identity.as_dict(), **runtime}
 
     # ---- start-up checks -----------------------------------------------------------------------
@@ -169,11 +172,21 @@ class DecisionModel:
             raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc,
                              f"needs {request_tokens} tokens of evaluation, over the request limit of "
                              f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
-        return Prepared(tuple(questions), prompts, tokens, request_tokens)
+        spans = [self.state_span(q.state, t) for q, t in zip(questions, tokens)]
+        return Prepared(tuple(questions), prompts, tokens, request_tokens,
+                        (min(s for s, _ in spans), min(e for _, e in spans)))
+
+    def state_span(self, state: str, tokens: Sequence[int]) -> tuple[int, int]:
+        """Where a prompt's state begins and ends in its tokens: after the head, up to and including the
+        question heading, as far as the prompt keeps those tokens. The span does not depend on the
+        question, so the engine decodes it the same way alone or beside any other question."""
+        start = common_prefix([self._head_tokens, tokens])
+        end = common_prefix([self.engine.tokenize(self._head + state + QUESTION_HEADING), tokens])
+        return start, max(start, end)
 
     def score(self, prepared: Prepared):
         tries = [self.trie(len(q.options)) for q in prepared.questions]
-        scores, stats = self.engine.score(prepared.tokens, tries)
+        scores, stats = self.engine.score(prepared.tokens, tries, state=prepared.state)
         results = []
         for prompt, tokens, trie, score in zip(prepared.prompts, prepared.tokens, tries, scores):
             single = trie.depth == 1

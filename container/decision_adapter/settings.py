@@ -55,9 +55,14 @@ class Settings:
                                "Tokens of KV memory shared by the resident prefix and all forks of a request.",
                                low=512, high=1_048_576)
     batch_tokens: int = _setting("ADAPTER_BATCH_TOKENS", 32,
-                                 "Tokens per micro-batch. Below 64, llama.cpp's CPU attention handles each "
-                                 "query alone, so shared-state and solo scoring agree bit for bit; GPUs "
-                                 "prefill faster with 256 or more.", low=2, high=65536)
+                                 "Tokens per micro-batch for the questions and answer labels, decoded side by "
+                                 "side. Below 64, llama.cpp's CPU attention handles each query alone, so an "
+                                 "answer is bit for bit the same whatever else its request asks; GPUs decode "
+                                 "faster with 256 or more.", low=2, high=65536)
+    prefill_batch_tokens: int = _setting("ADAPTER_PREFILL_BATCH_TOKENS", 512,
+                                         "Tokens per micro-batch for a request's state, laid out the same way "
+                                         "whatever the questions; larger prefills long states faster.",
+                                         low=2, high=65536)
     parallel_sequences: int = _setting("ADAPTER_PARALLEL_SEQUENCES", 8,
                                        "llama.cpp sequences: one resident prefix, one shared state, the rest "
                                        "are questions scored side by side, one is scratch.", low=4, high=256)

@@ -46,7 +46,8 @@ def engine_options(settings: Settings):
     from .engine import EngineOptions  # llama.cpp is loaded only where a real engine is made
 
     return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
-                         batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
+                         batch_tokens=settings.batch_tokens, prefill_batch_tokens=settings.prefill_batch_tokens,
+                         parallel_sequences=settings.parallel_sequences,
                          flash_attention=settings.flash_attention == "on")
 
 

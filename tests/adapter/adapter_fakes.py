@@ -53,8 +53,9 @@ class FakeEngine:
     def keep_resident(self, tokens: Sequence[int]) -> None:
         self.resident_tokens = len(tokens)
 
-    def score(self, prompts, tries: Sequence[LabelTrie]):
+    def score(self, prompts, tries: Sequence[LabelTrie], *, state: tuple[int, int] | None = None):
         self.calls += 1
+        self.state = state
         self.scoring.set()
         if self.on_score is not None:
             self.on_score()

@@ -91,14 +91,16 @@ def test_shared_state_equals_each_decision_scored_alone_from_scratch(client, set
     body = shared.get_json()
     alone = [post(client, {"decision": d}).get_json()["result"] for d in decisions]
 
-    # From scratch: a separate engine with no resident prefix evaluates each whole prompt in one sequence.
+    # From scratch: a separate engine with no resident prefix evaluates each whole prompt in one sequence,
+    # in the same micro-batch layout (the head, the state's span, the rest).
     with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as fresh:
         dm = client.application.extensions["decision_adapter"].readiness.model
         scratch = []
         for d in decisions:
             labels = labels_for(len(d["options"]))
             prompt = dm.render(d["state"], d["question"], labels, [o["description"] or o["id"] for o in d["options"]])
-            [score], stats = fresh.score([fresh.tokenize(prompt)], [dm.trie(len(labels))])
+            tokens = fresh.tokenize(prompt)
+            [score], stats = fresh.score([tokens], [dm.trie(len(labels))], state=dm.state_span(d["state"], tokens))
             assert stats.resident_tokens == 0
             total = sum(math.exp(x) for x in score.label_logprobs)
             scratch.append([math.exp(x) / total for x in score.label_logprobs])

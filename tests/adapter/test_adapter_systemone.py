@@ -73,6 +73,18 @@ def test_an_answer_does_not_depend_on_the_other_questions_their_order_or_ids(cli
         assert renamed[other] == alone[qid], "question ids are never shown to the model"
 
 
+def test_a_long_state_decoded_in_prefill_batches_leaves_answers_independent_of_the_other_questions(client, engine):
+    """A state of several prefill micro-batches: the same answer bit for bit alone and beside others, and
+    the state is evaluated once."""
+    state = " ".join(f"Line {i}: the customer reports problem number {i} with order {1000 + i}." for i in range(70))
+    assert len(engine.tokenize(state)) > 2 * engine.prefill_batch_tokens
+    alone = {qid: ask(client, {qid: q}, state=state).get_json()["answers"][qid]
+             for qid, q in (("refund", NOUL), ("team", CHOICE))}
+    together = ask(client, {"team": CHOICE, "refund": NOUL}, state=state).get_json()
+    assert together["answers"] == alone
+    assert together["x_evaluated_tokens"] < together["usage"]["input_tokens"] - len(engine.tokenize(state))
+
+
 def test_questions_share_the_state_prefix(client):
     body = ask(client, {"a": NOUL, "b": CHOICE, "c": SCORE}).get_json()
     assert body["x_evaluated_tokens"] < body["usage"]["input_tokens"] - 2 * 40

@@ -144,3 +144,17 @@ def test_request_budget_counts_the_shared_state_once(fake_model):
     assert prepared.request_tokens == common_prefix(prepared.tokens) - fake_model.engine.resident_tokens + sum(own)
     with pytest.raises(InputError, match="over the request limit of 900"):
         fake_model.prepare([question(state="x" * 100, text=f"{i}" * 150) for i in range(6)])
+
+
+def test_the_state_span_runs_from_the_head_to_the_question_heading_whatever_the_questions(fake_model):
+    """The tokens decoded as the state are the same for a question alone and beside others that share
+    more of their text (here 'Which '), so its answer cannot depend on them."""
+    alone = fake_model.prepare([question(state="the state", text="Which team?")])
+    together = fake_model.prepare([question(state="the state", text=t) for t in ("Which team?", "Which language?")])
+    engine = fake_model.engine
+    head = len(engine.tokenize(fake_model.layout.head))
+    end = len(engine.tokenize(fake_model.layout.head + "the state" + "\n\nQuestion:\n"))
+    assert alone.state == together.state == (head, end) and head == engine.resident_tokens
+    assert common_prefix(together.tokens) > end, "the questions share 'Which ' beyond the state"
+    fake_model.score(together)
+    assert engine.state == (head, end)
