@@ -71,6 +71,7 @@ BENCH_TASKS ?= ../shared/benchmarks/jevbench
 BENCH_OUT ?= docs/benchmarks/embedded-cpu
 bench: $(VENV)/.dev
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out

@@ -50,36 +50,34 @@ class HttpEndpoint:
 
 
 class SageMakerEndpoint:
-    """invoke_endpoint on a SageMaker endpoint; the container answers the body posted to /invocations."""
+    """invoke_endpoint on a SageMaker endpoint, with endpoint_client's retry policy; the container answers
+    the body posted to /invocations. The latency is that of the attempt that answered."""
 
-    def __init__(self, endpoint_name: str, *, region: str | None = None, endpoint_url: str | None = None,
-                 attempts: int = 5):
+    def __init__(self, endpoint_name: str, *, region: str | None = None, endpoint_url: str | None = None):
         import boto3
         from botocore.config import Config
 
         self.name = f"sagemaker:{endpoint_name}"
         self.endpoint_name = endpoint_name
-        self.attempts = attempts
         self.client = boto3.client("sagemaker-runtime", region_name=region, endpoint_url=endpoint_url,
-                                   config=Config(retries={"max_attempts": 1}, read_timeout=600))
+                                   config=Config(retries={"total_max_attempts": 1}, read_timeout=600))
 
     def call(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        from botocore.exceptions import ClientError
+        from endpoint_client.invoke import InvokeFailed, invoke
 
-        for attempt in range(self.attempts):
-            started = time.perf_counter()
-            try:
-                response = self.client.invoke_endpoint(EndpointName=self.endpoint_name, ContentType="application/json",
-                                                       Accept="application/json", Body=json.dumps(body))
-            except ClientError as exc:
-                status = exc.response.get("OriginalStatusCode") or exc.response["ResponseMetadata"].get("HTTPStatusCode")
-                if status in BUSY_STATUSES and attempt + 1 < self.attempts:
-                    time.sleep(min(10.0, 2.0 ** attempt))
-                    continue
-                raise EndpointError(f"{self.name}: {exc}") from None
-            payload = response["Body"].read()
-            return json.loads(payload), time.perf_counter() - started
-        raise AssertionError("unreachable")
+        started = [0.0]
+
+        def sleep(seconds: float) -> None:
+            time.sleep(seconds)
+            started[0] = time.perf_counter()
+
+        started[0] = time.perf_counter()
+        try:
+            result = invoke(self.client, endpoint_name=self.endpoint_name, body=json.dumps(body).encode(),
+                            content_type="application/json", accept="application/json", sleep=sleep)
+        except InvokeFailed as exc:
+            raise EndpointError(f"{self.name}: {exc}") from None
+        return json.loads(result.body), time.perf_counter() - started[0]
 
 
 def endpoint(spec: str, **kwargs: Any) -> JsonEndpoint:

@@ -17,7 +17,7 @@ import math
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +101,10 @@ def _floor_model(options: Options):
     from decision_adapter.settings import Settings
     from decision_adapter.startup import load_decision_model
 
-    return load_decision_model(Settings(model_dir=_model_dir(options), threads=options.threads,
-                                        gpu_layers=options.gpu_layers))
+    # The adapter started here reads the same ADAPTER_* environment, so both evaluate in the same micro-batches.
+    settings = replace(Settings.from_env(), model_dir=_model_dir(options), threads=options.threads,
+                                   gpu_layers=options.gpu_layers)
+    return load_decision_model(settings)
 
 
 @dataclass

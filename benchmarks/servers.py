@@ -22,37 +22,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(url: str, process: subprocess.Popen, what: str, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} was not ready after {timeout_s:.0f} s")
-
-
 @contextlib.contextmanager
-def adapter(model_dir: str, threads: int, gpu_layers: int, log: Path) -> Iterator[str]:
+def _serving(what: str, command: list[str], port: int, health_path: str, log: Path,
+             env: dict[str, str] | None = None, timeout_s: float = 300.0) -> Iterator[str]:
+    """Start ``command``, yield its base URL once ``health_path`` answers 200, stop it with SIGTERM."""
+    base = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{what} exited with {process.returncode}; see {log}")
+                try:
+                    if requests.get(base + health_path, timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} was not ready after {timeout_s:.0f} s; see {log}")
+                time.sleep(0.2)
+            yield base
+        finally:
+            process.terminate()
+            process.wait(60)
+
+
+def adapter(model_dir: str, threads: int, gpu_layers: int, log: Path) -> contextlib.AbstractContextManager[str]:
     """The decision adapter on loopback; yields its base URL. Other ADAPTER_* settings come from the
     environment (ADAPTER_BATCH_TOKENS=256 suits a GPU, for example)."""
     port = free_port()
     env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
            "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": str(threads), "ADAPTER_GPU_LAYERS": str(gpu_layers),
            "ADAPTER_LOG_LEVEL": "warning"}
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "decision_adapter.serve"], env=env, stdout=out,
-                                   stderr=subprocess.STDOUT)
-        try:
-            _wait(f"http://127.0.0.1:{port}/ping", process, "the decision adapter")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            process.terminate()
-            process.wait(60)
+    return _serving("the decision adapter", [sys.executable, "-m", "decision_adapter.serve"], port, "/ping", log, env)
 
 
 def llama_server_binary() -> str:
@@ -64,18 +67,11 @@ def llama_server_binary() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-@contextlib.contextmanager
-def llama_server(gguf: str, threads: int, gpu_layers: int, log: Path, ctx_tokens: int = 8192) -> Iterator[str]:
+def llama_server(gguf: str, threads: int, gpu_layers: int, log: Path,
+                 ctx_tokens: int = 8192) -> contextlib.AbstractContextManager[str]:
     """llama-server with the same GGUF, one slot, otherwise its defaults (as users run it); yields its base URL."""
     port = free_port()
     command = [llama_server_binary(), "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
                "--threads", str(threads), "--ctx-size", str(ctx_tokens), "--parallel", "1", "--no-webui",
                "--n-gpu-layers", str(gpu_layers) if gpu_layers >= 0 else "all"]
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            _wait(f"http://127.0.0.1:{port}/health", process, "llama-server")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            process.terminate()
-            process.wait(60)
+    return _serving("llama-server", command, port, "/health", log)

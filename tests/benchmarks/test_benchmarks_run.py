@@ -78,3 +78,15 @@ def test_outputs_are_a_json_file_a_markdown_table_and_two_png_plots(run):
     for name in ("reliability.png", "latency.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+
+def test_the_prefill_sweep_writes_a_row_per_size_and_length(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.prefill", "--tokens", "80", "200", "--sizes", "32", "64",
+                           "--rounds", "1", "--threads", "2", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "prefill.json").read_text())
+    assert [(r["prefill_batch_tokens"]) for r in result["rows"]] == [32, 32, 64, 64]
+    assert all(r["median_s"] > 0 for r in result["rows"]) and result["rows"][0]["tokens"] < result["rows"][1]["tokens"]
+    table = (tmp_path / "prefill.md").read_text()
+    assert "| 32 | " in table and "(1.00x)" in table and "Reproduce: `python -m benchmarks.prefill --tokens 80" in table

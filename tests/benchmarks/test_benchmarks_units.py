@@ -188,3 +188,29 @@ def test_endpoint_specs():
     assert endpoint("sagemaker:my-endpoint", region="us-east-1").name == "sagemaker:my-endpoint"
     with pytest.raises(ValueError, match="http\\(s\\) URL or sagemaker:NAME"):
         endpoint("my-endpoint")
+
+
+def test_a_sagemaker_endpoint_is_called_through_sagemaker_runtime(monkeypatch):
+    """Against a moto server on loopback: the harness's SageMaker path signs, sends and parses for real."""
+    import requests
+    from moto.server import ThreadedMotoServer
+
+    from benchmarks.clients import SageMakerEndpoint
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_SESSION_TOKEN": "testing"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        answer = {"model": "jev-latest", "answers": {"q": {"type": "noul", "noul": 0.7}}}
+        requests.post(f"http://{host}:{port}/moto-api/static/sagemaker/endpoint-results", json={"results": [
+            {"Body": json.dumps(answer), "ContentType": "application/json", "InvokedProductionVariant": "AllTraffic",
+             "CustomAttributes": ""}]}, timeout=10).raise_for_status()
+        client = SageMakerEndpoint("decision-dev-cpu", region="us-east-1", endpoint_url=f"http://{host}:{port}")
+        body, elapsed = client.call({"model": "jev-latest", "state": "s", "questions": {"q": {"type": "noul"}}})
+        assert body == answer and elapsed > 0
+    finally:
+        server.stop()

@@ -1,0 +1,81 @@
+"""`python -m benchmarks.prefill`: how fast one long state prefills at each micro-batch size.
+
+The engine decodes a request's state in ADAPTER_PREFILL_BATCH_TOKENS micro-batches and everything else in
+ADAPTER_BATCH_TOKENS ones; this measures what the first of those settings buys: Engine.prefill of the same
+tokens, forked from the resident prefix as scoring does, at each size, median of a few rounds, in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+SIZES = (32, 64, 128, 256, 512)
+
+
+def state_text(tokens_wanted: int) -> str:
+    """A support-ticket-like state of roughly ``tokens_wanted`` tokens (about 20 tokens a line)."""
+    return "\n".join(f"Line {i}: the customer reports problem number {i} with order {1000 + i}."
+                     for i in range(tokens_wanted // 20 + 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.prefill", description=__doc__)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[500, 2500])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--model-dir", help="GGUF folder (default: the embedded SmolLM2 model)")
+    parser.add_argument("--out", type=Path, help="write prefill.json and prefill.md here")
+    args = parser.parse_args(argv)
+
+    from decision_adapter.local import embedded_model_dir
+    from decision_adapter.settings import Settings
+    from decision_adapter.startup import load_decision_model
+
+    base = replace(Settings.from_env(), model_dir=args.model_dir or str(embedded_model_dir()), threads=args.threads)
+    rows = []
+    for size in args.sizes:
+        model = load_decision_model(replace(base, prefill_batch_tokens=size))
+        try:
+            for wanted in args.tokens:
+                tokens = model.engine.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"), ("x", "y")))
+                times = [model.engine.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
+                rows.append({"prefill_batch_tokens": size, "tokens": times[0][1],
+                             "median_s": statistics.median(t for t, _ in times)})
+                print(f"micro-batch {size:4d}: {times[0][1]:5d} tokens in {rows[-1]['median_s']:.2f} s", flush=True)
+        finally:
+            model.engine.close()
+
+    command = "python -m benchmarks.prefill " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = markdown(rows, args, command.strip())
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "prefill.json").write_text(json.dumps({"command": command.strip(), "threads": args.threads,
+                                                           "rounds": args.rounds, "rows": rows}, indent=1) + "\n")
+        (args.out / "prefill.md").write_text(table)
+    return 0
+
+
+def markdown(rows: list[dict], args: argparse.Namespace, command: str) -> str:
+    counts = sorted({r["tokens"] for r in rows})
+    by = {(r["prefill_batch_tokens"], r["tokens"]): r["median_s"] for r in rows}
+    smallest = min(r["prefill_batch_tokens"] for r in rows)
+    lines = [f"Prefill of one state forked from the resident prefix, {args.threads} threads, median of "
+             f"{args.rounds} rounds. Reproduce: `{command}`", "",
+             "| prefill micro-batch | " + " | ".join(f"{n} tokens" for n in counts) + " |",
+             "|---:|" + "---:|" * len(counts)]
+    for size in sorted({r["prefill_batch_tokens"] for r in rows}):
+        cells = [f"{by[size, n]:.2f} s ({by[smallest, n] / by[size, n]:.2f}x)" for n in counts]
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
