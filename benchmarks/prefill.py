@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--gpu-layers", type=int, default=0, metavar="N",
+                        help="layers offloaded to the GPU (-1: all; needs a GPU build of llama-cpp-python)")
     parser.add_argument("--model-dir", help="GGUF folder (default: the embedded SmolLM2 model)")
     parser.add_argument("--out", type=Path, help="write prefill.json and prefill.md here")
     args = parser.parse_args(argv)
@@ -38,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from decision_adapter.settings import Settings
     from decision_adapter.startup import load_decision_model
 
-    base = replace(Settings.from_env(), model_dir=args.model_dir or str(embedded_model_dir()), threads=args.threads)
+    base = replace(Settings.from_env(), model_dir=args.model_dir or str(embedded_model_dir()), threads=args.threads,
+                   gpu_layers=args.gpu_layers)
     rows = []
     for size in args.sizes:
         model = load_decision_model(replace(base, prefill_batch_tokens=size))
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "prefill.json").write_text(json.dumps({"command": command.strip(), "threads": args.threads,
-                                                           "rounds": args.rounds, "rows": rows}, indent=1) + "\n")
+                                                           "gpu_layers": args.gpu_layers, "rounds": args.rounds, "rows": rows}, indent=1) + "\n")
         (args.out / "prefill.md").write_text(table)
     return 0
 
@@ -67,7 +70,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str) -> str:
     counts = sorted({r["tokens"] for r in rows})
     by = {(r["prefill_batch_tokens"], r["tokens"]): r["median_s"] for r in rows}
     smallest = min(r["prefill_batch_tokens"] for r in rows)
-    lines = [f"Prefill of one state forked from the resident prefix, {args.threads} threads, median of "
+    lines = [f"Prefill of one state forked from the resident prefix, {args.threads} threads, "
+             f"{args.gpu_layers} GPU layers, median of "
              f"{args.rounds} rounds. Reproduce: `{command}`", "",
              "| prefill micro-batch | " + " | ".join(f"{n} tokens" for n in counts) + " |",
              "|---:|" + "---:|" * len(counts)]
