@@ -60,8 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "prefill.json").write_text(json.dumps({"command": command.strip(), "threads": args.threads,
-                                                           "gpu_layers": args.gpu_layers, "rounds": args.rounds, "rows": rows}, indent=1) + "\n")
+        record = {"command": command.strip(), "threads": args.threads, "gpu_layers": args.gpu_layers,
+                  "rounds": args.rounds, "rows": rows}
+        (args.out / "prefill.json").write_text(json.dumps(record, indent=1) + "\n")
         (args.out / "prefill.md").write_text(table)
     return 0
 
@@ -71,8 +72,7 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str) -> str:
     by = {(r["prefill_batch_tokens"], r["tokens"]): r["median_s"] for r in rows}
     smallest = min(r["prefill_batch_tokens"] for r in rows)
     lines = [f"Prefill of one state forked from the resident prefix, {args.threads} threads, "
-             f"{args.gpu_layers} GPU layers, median of "
-             f"{args.rounds} rounds. Reproduce: `{command}`", "",
+             f"{args.gpu_layers} GPU layers, median of {args.rounds} rounds. Reproduce: `{command}`", "",
              "| prefill micro-batch | " + " | ".join(f"{n} tokens" for n in counts) + " |",
              "|---:|" + "---:|" * len(counts)]
     for size in sorted({r["prefill_batch_tokens"] for r in rows}):

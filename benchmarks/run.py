@@ -103,7 +103,7 @@ def _floor_model(options: Options):
 
     # The adapter started here reads the same ADAPTER_* environment, so both evaluate in the same micro-batches.
     settings = replace(Settings.from_env(), model_dir=_model_dir(options), threads=options.threads,
-                                   gpu_layers=options.gpu_layers)
+                       gpu_layers=options.gpu_layers)
     return load_decision_model(settings)
 
 

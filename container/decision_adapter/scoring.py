@@ -172,7 +172,9 @@ class DecisionModel:
             raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc,
                              f"needs {request_tokens} tokens of evaluation, over the request limit of "
                              f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
-        spans = [self.state_span(q.state, t) for q, t in zip(questions, tokens)]
+        # Questions over one state (a System One request, shared decisions) tokenize its prefix once.
+        prefixes = {state: self._state_prefix(state) for state in dict.fromkeys(q.state for q in questions)}
+        spans = [self._span(prefixes[q.state], t) for q, t in zip(questions, tokens)]
         return Prepared(tuple(questions), prompts, tokens, request_tokens,
                         (min(s for s, _ in spans), min(e for _, e in spans)))
 
@@ -180,9 +182,14 @@ class DecisionModel:
         """Where a prompt's state begins and ends in its tokens: after the head, up to and including the
         question heading, as far as the prompt keeps those tokens. The span does not depend on the
         question, so the engine decodes it the same way alone or beside any other question."""
+        return self._span(self._state_prefix(state), tokens)
+
+    def _state_prefix(self, state: str) -> list[int]:
+        return self.engine.tokenize(self._head + state + QUESTION_HEADING)
+
+    def _span(self, state_prefix: Sequence[int], tokens: Sequence[int]) -> tuple[int, int]:
         start = common_prefix([self._head_tokens, tokens])
-        end = common_prefix([self.engine.tokenize(self._head + state + QUESTION_HEADING), tokens])
-        return start, max(start, end)
+        return start, max(start, common_prefix([state_prefix, tokens]))
 
     def score(self, prepared: Prepared):
         tries = [self.trie(len(q.options)) for q in prepared.questions]
