@@ -19,7 +19,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from stacks import instance_types
-from stacks.config import ContainerTimeouts, Scaling
+from stacks.config import EndpointSettings
 from stacks.retention import retention_days
 from stacks.roles import policy_of
 
@@ -48,7 +48,7 @@ class Variant:
 class SageMakerEndpoint(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, endpoint_name: str, image_uri: str,
                  model_data_url: str, environment: dict[str, str], execution_role: iam.IRole, variant: Variant,
-                 scaling: Scaling, timeouts: ContainerTimeouts, volume_key: kms.IKey | None,
+                 settings: EndpointSettings, volume_key: kms.IKey | None,
                  log_retention_days: int, tags: dict[str, str]) -> None:
         super().__init__(scope, construct_id)
         if volume_key is not None and any(map(instance_types.has_instance_storage, variant.instance_types)):
@@ -78,15 +78,15 @@ class SageMakerEndpoint(Construct):
         production_variant = sagemaker.CfnEndpointConfig.ProductionVariantProperty(
             variant_name=VARIANT_NAME,
             model_name=self.model.attr_model_name,
-            initial_instance_count=scaling.initial_instance_count,
+            initial_instance_count=settings.initial_instance_count,
             initial_variant_weight=1,
             instance_type=variant.instance_type,
             instance_pools=[sagemaker.CfnEndpointConfig.InstancePoolProperty(instance_type=pool, priority=priority)
                             for priority, pool in enumerate(variant.instance_pools, start=1)] or None,
             variant_instance_provision_timeout_in_seconds=variant.provision_timeout_s,
             inference_ami_version=variant.inference_ami_version,
-            container_startup_health_check_timeout_in_seconds=timeouts.startup_health_check_s,
-            model_data_download_timeout_in_seconds=timeouts.model_download_s,
+            container_startup_health_check_timeout_in_seconds=settings.startup_health_check_timeout_s,
+            model_data_download_timeout_in_seconds=settings.model_download_timeout_s,
         )
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self, "EndpointConfig", production_variants=[production_variant],
@@ -107,8 +107,8 @@ class SageMakerEndpoint(Construct):
             service_namespace="sagemaker",
             scalable_dimension="sagemaker:variant:DesiredInstanceCount",
             resource_id=f"endpoint/{self.endpoint.attr_endpoint_name}/variant/{VARIANT_NAME}",
-            min_capacity=scaling.initial_instance_count,
-            max_capacity=scaling.max_instance_count,
+            min_capacity=settings.initial_instance_count,
+            max_capacity=settings.max_instance_count,
         )
         self.scaling_policy = appscaling.CfnScalingPolicy(
             self, "InvocationsPerInstance",
@@ -117,10 +117,10 @@ class SageMakerEndpoint(Construct):
             scaling_target_id=self.scalable_target.ref,
             target_tracking_scaling_policy_configuration=appscaling.CfnScalingPolicy
             .TargetTrackingScalingPolicyConfigurationProperty(
-                target_value=scaling.target_invocations_per_instance,
+                target_value=settings.target_invocations_per_instance,
                 predefined_metric_specification=appscaling.CfnScalingPolicy.PredefinedMetricSpecificationProperty(
                     predefined_metric_type="SageMakerVariantInvocationsPerInstance"),
-                scale_in_cooldown=scaling.scale_in_cooldown_s,
-                scale_out_cooldown=scaling.scale_out_cooldown_s,
+                scale_in_cooldown=settings.scale_in_cooldown_s,
+                scale_out_cooldown=settings.scale_out_cooldown_s,
             ),
         )

@@ -81,16 +81,14 @@ class EndpointsStack(cdk.Stack):
         pulled: dict[str, ecr.IRepository] = {}
         for kind in kinds:
             variant = variants[kind]
-            image = {"cpu": config.pins.cpu_image, "gpu": config.pins.gpu_image,
-                     "text_generation": config.pins.text_generation_image}[kind]
+            image = getattr(config.pins.images, kind)
             image_uri = self._image_uri(image, pulled)
             settings = getattr(config, kind)
             endpoint = SageMakerEndpoint(
                 self, CONSTRUCT_IDS[kind],
                 endpoint_name=f"{config.name_prefix}-{ENDPOINT_SUFFIXES[kind]}",
                 image_uri=image_uri, model_data_url=model_data_url, environment=self._environment(kind),
-                execution_role=self.execution_role, variant=variant, scaling=settings.scaling,
-                timeouts=settings.timeouts,
+                execution_role=self.execution_role, variant=variant, settings=settings,
                 volume_key=self.volume_key if ebs_backed[kind] else None,
                 log_retention_days=config.endpoint_log_retention_days,
                 tags={"endpoint-kind": kind, "image-digest": image.digest,

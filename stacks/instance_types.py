@@ -12,8 +12,19 @@ import re
 
 INSTANCE_TYPE = re.compile(r"^ml\.(?P<family>[a-z0-9]+(?:-[a-z0-9]+)?)\.(?P<size>medium|large|xlarge|[1-9][0-9]*xlarge)$")
 
-# Dockerfile.gpu: ARG CUDA_ARCHITECTURES="75;80;86;89;90" (a test keeps the two in step).
+# Dockerfile.gpu: ARG CUDA_ARCHITECTURES="75;80;86;89;90" and ARG BASE_CUDA_VERSION=13.0, the CUDA version of
+# its base, which the toolkit that compiles llama.cpp matches (tests/images keeps these in step).
 GPU_IMAGE_CUDA_ARCHITECTURES: tuple[int, ...] = (75, 80, 86, 89, 90)
+GPU_IMAGE_CUDA_VERSION = "13.0"
+
+# ProductionVariant.InferenceAmiVersion for NVIDIA GPUs: (NVIDIA driver, the newest CUDA version it runs), as
+# botocore's service model documents them (a test compares).
+GPU_INFERENCE_AMIS: dict[str, tuple[int, str]] = {
+    "al2-ami-sagemaker-inference-gpu-2": (535, "12.2"),
+    "al2-ami-sagemaker-inference-gpu-2-1": (535, "12.2"),
+    "al2-ami-sagemaker-inference-gpu-3-1": (550, "12.4"),
+    "al2023-ami-sagemaker-inference-gpu-4-1": (580, "13.0"),
+}
 
 # NVIDIA families: the GPU and its compute capability (sm_XY as the integer XY).
 NVIDIA_FAMILIES: dict[str, tuple[str, int]] = {

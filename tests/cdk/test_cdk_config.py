@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
+from pydantic import ValidationError
 
 import app as cdk_app
 from cdk_testkit import context_for
@@ -55,13 +54,13 @@ def test_shipped_environments_parse(env, pinned):
 
 def test_fresh_clone_has_no_pins_and_names_what_to_set():
     config = parse("dev", pinned=False)
-    assert config.pins.cpu_image is None and config.pins.model is None
+    assert config.pins.images.cpu is None and config.pins.model is None
     assert config.missing_pins("gpu") == ("environments.dev.pins.images.gpu", "environments.dev.pins.model")
 
 
 def test_config_is_frozen():
     config = parse()
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         config.name_prefix = "other"
     assert isinstance(config.gpu.instance_pools, tuple)
 
@@ -73,15 +72,15 @@ def test_gpu_pools_keep_their_order():
 
 def test_digest_pins_resolve_against_the_project_repository():
     config = parse()
-    assert config.pins.cpu_image == ImagePin(digest="sha256:" + "1" * 64, repository=None)
+    assert config.pins.images.cpu == ImagePin(digest="sha256:" + "1" * 64, repository=None)
 
 
 def test_a_private_ecr_uri_pinned_by_digest_names_its_repository():
     uri = f"763104351884.dkr.ecr.eu-west-1.amazonaws.com/llama-cpp@{DLC_DIGEST}"
     config = parse(edit=setting("pins.images.text_generation", uri))
-    assert config.pins.text_generation_image == ImagePin(digest=DLC_DIGEST, repository=EcrRepositoryRef(
+    assert config.pins.images.text_generation == ImagePin(digest=DLC_DIGEST, repository=EcrRepositoryRef(
         account="763104351884", region="eu-west-1", name="llama-cpp", partition="aws"))
-    assert config.pins.text_generation_image.repository.arn == \
+    assert config.pins.images.text_generation.repository.arn == \
         "arn:aws:ecr:eu-west-1:763104351884:repository/llama-cpp"
 
 
@@ -116,6 +115,9 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
      "environments.prod.gpu.provision_timeout_s: expected an integer from 300 to 3600, got a string"),
     (setting("gpu.inference_ami_version", "al2-ami-sagemaker-inference-neuron-2"),
      "environments.prod.gpu.inference_ami_version: 'al2-ami-sagemaker-inference-neuron-2' is not one of"),
+    (setting("gpu.inference_ami_version", "al2-ami-sagemaker-inference-gpu-3-1"),
+     "environments.prod.gpu.inference_ami_version: 'al2-ami-sagemaker-inference-gpu-3-1' has NVIDIA driver 550 "
+     "(CUDA 12.4), older than the CUDA 13.0 the GPU image is built with"),
     (setting("pins.images.cpu", f"{TAGGED}:latest"),
      f"environments.prod.pins.images.cpu: '{TAGGED}:latest' is pinned by the mutable tag ':latest'; pin the "
      "digest instead"),
