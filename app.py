@@ -2,9 +2,10 @@
 """The CDK app: ``npx cdk synth|diff|deploy|destroy -c env=NAME``.
 
 The only place that reads CDK context and the CLI's environment: it parses ``environments.<env>`` from cdk.json
-once into a frozen EnvironmentConfig (stacks/config.py), builds the three stacks of that environment (artifacts,
-build, endpoints; named ``<name_prefix>-artifacts`` etc.) and applies cdk-nag's AwsSolutions checks, so that
-synthesis fails on any finding that is not acknowledged with a reason.
+once into a frozen EnvironmentConfig (stacks/config.py), builds the stacks of that environment (by lifecycle:
+``<name_prefix>-artifacts``, ``-build``, ``-monitoring``, and one ``-endpoint-<kind>`` per endpoint kind, from
+its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any
+finding that is not acknowledged with a reason.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from cdk_nag import AwsSolutionsChecks  # noqa: E402
 from stacks.artifacts_stack import ArtifactsStack  # noqa: E402
 from stacks.build_stack import BuildStack  # noqa: E402
 from stacks.config import ConfigError, EnvironmentConfig, load_environment  # noqa: E402
-from stacks.endpoints_stack import EndpointsStack  # noqa: E402
+from stacks.endpoint_specs import endpoint_specs  # noqa: E402
+from stacks.endpoint_stack import EndpointStack  # noqa: E402
+from stacks.monitoring_stack import MonitoringStack  # noqa: E402
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent
 MODEL_PINS_FILE = REPOSITORY_ROOT / "model_build" / "pins.json"
@@ -49,21 +52,31 @@ def build_app(*, context: Mapping[str, Any] | None = None, outdir: str | None = 
 
 
 def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
-    environment = cdk.Environment(account=config.account, region=config.region)
+    """The environment's stacks by key: artifacts, build, monitoring and endpoint-<slug> per endpoint kind."""
     prefix = config.name_prefix
+    common = {"env": cdk.Environment(account=config.account, region=config.region),
+              "termination_protection": config.termination_protection}
     cdk.Tags.of(app).add("project", "decision-models")
     cdk.Tags.of(app).add("environment", config.name)
 
-    artifacts = ArtifactsStack(app, f"{prefix}-artifacts", config=config, env=environment,
+    artifacts = ArtifactsStack(app, f"{prefix}-artifacts", config=config, **common,
                                description=f"{prefix}: artifact bucket and image repository")
-    build = BuildStack(app, f"{prefix}-build", config=config, artifacts=artifacts, env=environment,
+    build = BuildStack(app, f"{prefix}-build", config=config, artifacts=artifacts, **common,
                        description=f"{prefix}: CodeBuild projects for the model archive and the images")
-    endpoints = EndpointsStack(app, f"{prefix}-endpoints", config=config, artifacts=artifacts, env=environment,
-                               description=f"{prefix}: SageMaker endpoints on the pinned artifacts")
-    # Their IAM statements import the artifact bucket's named export (ArtifactsStack.bucket_objects_arn).
+    specs = endpoint_specs(config)
+    monitoring = MonitoringStack(app, f"{prefix}-monitoring", config=config, specs=specs, **common,
+                                 description=f"{prefix}: alarm topic and dashboard of the endpoints")
+    stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "build": build, "monitoring": monitoring}
+    for spec in specs:
+        endpoint = EndpointStack(app, spec.stack_name, spec=spec, artifacts=artifacts,
+                                 alarm_topic=monitoring.alarm_topic, name_prefix=prefix,
+                                 log_retention_days=config.endpoint_log_retention_days, **common,
+                                 description=f"{prefix}: the {spec.title} endpoint on the pinned artifacts")
+        # Its IAM statements import the artifact bucket's named export (ArtifactsStack.bucket_objects_arn).
+        endpoint.add_stack_dependency(artifacts)
+        stacks[f"endpoint-{spec.slug}"] = endpoint
     build.add_stack_dependency(artifacts)
-    endpoints.add_stack_dependency(artifacts)
-    return {"artifacts": artifacts, "build": build, "endpoints": endpoints}
+    return stacks
 
 
 def main() -> int:

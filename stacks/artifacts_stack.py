@@ -14,10 +14,14 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks import nag
-from stacks.config import EnvironmentConfig
+from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
 
 # Tag prefixes the builds push under; the ECR lifecycle keeps the newest images of each.
 IMAGE_TAG_PREFIXES = {"cpu": "cpu-", "gpu": "gpu-", "text_generation": "textgen-"}
+# The first lifecycle rule selects the images `check-pins --protect` tagged pinned-<digest hex> (PINNED_TAG_PREFIX)
+# and keeps up to this many; an image a higher-priority rule selects cannot be expired by a lower one, so the
+# per-kind rules cannot remove a pinned image either.
+PINNED_IMAGES_KEPT = 9999
 
 
 class ArtifactsStack(cdk.Stack):
@@ -73,9 +77,12 @@ class ArtifactsStack(cdk.Stack):
             encryption=ecr.RepositoryEncryption.AES_256,
             lifecycle_rules=[
                 ecr.LifecycleRule(
+                    rule_priority=1, tag_prefix_list=[PINNED_TAG_PREFIX], max_image_count=PINNED_IMAGES_KEPT,
+                    description="never expire pinned images (tagged by check-pins --protect)"),
+                *(ecr.LifecycleRule(
                     rule_priority=priority, tag_prefix_list=[prefix], max_image_count=settings.images_kept_per_kind,
-                    description=f"keep the newest {settings.images_kept_per_kind} {kind} images (pins must be among them)")
-                for priority, (kind, prefix) in enumerate(IMAGE_TAG_PREFIXES.items(), start=1)
+                    description=f"keep the newest {settings.images_kept_per_kind} {kind} images")
+                  for priority, (kind, prefix) in enumerate(IMAGE_TAG_PREFIXES.items(), start=2)),
             ],
             removal_policy=removal,
             empty_on_delete=empty_on_delete,

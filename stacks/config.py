@@ -11,7 +11,6 @@ Nothing here imports the CDK, so that command-line tools (``python -m endpoint_c
 the same configuration without it.
 """
 
-from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Callable, Mapping, Sequence, get_args
@@ -26,8 +25,18 @@ from stacks import instance_types
 MODEL_PREFIX = "models/"
 # Where the image builds record pushed digests (container/buildspec.yml DIGEST_PREFIX).
 IMAGE_DIGEST_PREFIX = "image-digests/"
+# Batch Transform (python -m endpoint_client transform) reads and writes under these prefixes of the artifact
+# bucket with the model's execution role, and logs to SageMaker's one group for transform jobs.
+BATCH_INPUT_PREFIX = "batch/input/"
+BATCH_OUTPUT_PREFIX = "batch/output/"
+TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
 
 ENDPOINT_KINDS = ("cpu", "gpu", "text_generation")
+# The kinds the decision adapter serves (the other is llama-server); only they take Batch Transform jobs.
+ADAPTER_KINDS = ("cpu", "gpu")
+# The tag `python -m endpoint_client check-pins --protect` adds to each pinned image in the project repository
+# (pinned-<digest hex>); the repository's first lifecycle rule never expires images tagged so.
+PINNED_TAG_PREFIX = "pinned-"
 GPU_INFERENCE_AMI_VERSIONS = tuple(instance_types.GPU_INFERENCE_AMIS)
 # The retention periods CloudWatch Logs accepts.
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
@@ -153,6 +162,23 @@ def _list_of(low: int, high: int, what: str) -> Callable[[Any], list]:
     return check
 
 
+def _object(what: str) -> Callable[[Any], dict]:
+    def check(value: Any) -> dict:
+        if not isinstance(value, Mapping):
+            raise _problem(f"expected {what}, got {_describe(value)}")
+        return dict(value)
+    return check
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _problem(f"expected true or false, got {_describe(value)}")
+    return value
+
+
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$", re.IGNORECASE)
+
+
 def _endpoint_kind(value: Any) -> str:
     if value not in ENDPOINT_KINDS:
         raise _problem(f"{value!r} is not one of {', '.join(ENDPOINT_KINDS)}")
@@ -171,6 +197,19 @@ def _repeats(field: str, values: Sequence[Any], repeated: Callable[[Any, int], s
             for index, value in enumerate(values) if values.index(value) != index]
 
 
+# Value types of the models below, each with its own check and message.
+AdapterCpuInstance = _x86_cpu_instance("the CPU adapter image")
+DlcCpuInstance = _x86_cpu_instance("the llama.cpp DLC CPU image")
+ModelKey = Text(_MODEL_KEY, "a key of the form models/<pin>/<gguf sha256>/model.tar.gz (printed by the model build "
+                           "as s3_uri)")
+Sha256Hex = Text(_HEX64, "64 lowercase hex characters")
+RemovalPolicy = OneOf(("destroy", "retain"))
+EmailAddress = Text(_EMAIL, "an email address")
+AccountId = Text(_ACCOUNT, "a 12-digit AWS account id")
+RegionName = Text(_REGION, "an AWS region name such as us-east-1")
+NamePrefix = Text(_NAME_PREFIX, "3 to 24 characters of a-z, 0-9 and '-', starting with a letter (stack names and tags)")
+
+
 # --- the models ---------------------------------------------------------------------------------------------
 
 class _Settings(BaseModel):
@@ -180,20 +219,42 @@ class _Settings(BaseModel):
 
 
 class EndpointSettings(_Settings):
-    """What every endpoint has: the instance counts, target tracking and the container timeouts."""
+    """What every endpoint has: instance counts, target tracking, container timeouts and the latency target."""
     initial_instance_count: Integer(1, 100)
     max_instance_count: Integer(1, 100)
-    # Target tracking on SageMakerVariantInvocationsPerInstance.
-    target_invocations_per_instance: Integer(1, 100_000)
+    # Target tracking on SageMakerVariantInvocationsPerInstance (per minute), one target per instance type the
+    # variant runs on: an L40S serves several times what a T4 does.
+    target_invocations_per_instance: Annotated[dict[str, Integer(1, 100_000)], BeforeValidator(_object(
+        "an object mapping each instance type of the endpoint to its target invocations per instance and minute"))]
     scale_in_cooldown_s: Integer(0, 3600)
     scale_out_cooldown_s: Integer(0, 3600)
     # ProductionVariant ContainerStartupHealthCheckTimeoutInSeconds / ModelDataDownloadTimeoutInSeconds: 60..3600.
     startup_health_check_timeout_s: Integer(60, 3600)
     model_download_timeout_s: Integer(60, 3600)
+    # The ModelLatency p99 (milliseconds) above which the endpoint's latency alarm fires.
+    model_latency_p99_ms: Integer(10, 600_000)
+
+    @property
+    def variant_instance_types(self) -> tuple[str, ...]:
+        """Every instance type the variant may run on."""
+        raise NotImplementedError
+
+    def _own_problems(self) -> list:
+        """Cross-field problems particular to a kind, as _field_problems takes them."""
+        return []
 
     @model_validator(mode="after")
-    def _counts_in_order(self):
-        problems = []
+    def _cross_field_checks(self):
+        problems = self._own_problems()
+        targets = self.target_invocations_per_instance
+        for instance_type in self.variant_instance_types:
+            if instance_type not in targets:
+                problems.append((("target_invocations_per_instance",), f"has no target for {instance_type} (every "
+                                 f"instance type the endpoint runs on needs one)", targets))
+        for instance_type in targets:
+            if instance_type not in self.variant_instance_types:
+                problems.append((("target_invocations_per_instance", instance_type), f"is not an instance type of "
+                                 f"this endpoint ({', '.join(self.variant_instance_types)})", targets[instance_type]))
         if self.initial_instance_count > self.max_instance_count:
             problems.append((("initial_instance_count",), f"{self.initial_instance_count} is above "
                              f"max_instance_count ({self.max_instance_count})", self.initial_instance_count))
@@ -207,32 +268,44 @@ class EndpointSettings(_Settings):
 
 
 class CpuEndpointSettings(EndpointSettings):
-    instance_type: _x86_cpu_instance("the CPU adapter image")
+    instance_type: AdapterCpuInstance
     threads: Integer(1, 192)                      # ADAPTER_THREADS; at most the instance's vCPUs
+
+    @property
+    def variant_instance_types(self) -> tuple[str, ...]:
+        return (self.instance_type,)
+
+
+# The walkthrough's order: the fastest GPU first, falling back on capacity to the older, slower ones.
+DEFAULT_GPU_POOLS = ("ml.g6e.xlarge", "ml.g6.xlarge", "ml.g5.xlarge", "ml.g4dn.xlarge")
 
 
 class GpuEndpointSettings(EndpointSettings):
     # ProductionVariant.InstancePools: 1 to 5 pools, priorities 1..5 (here: their order, the first gets 1).
-    instance_pools: Annotated[tuple[_checked(_gpu_pool, str), ...],
-                              BeforeValidator(_list_of(1, 5, "a list of 1 to 5 instance types in priority order"))]
+    instance_pools: Annotated[tuple[_checked(_gpu_pool, str), ...], BeforeValidator(_list_of(
+        1, 5, "a list of 1 to 5 instance types in priority order"))] = DEFAULT_GPU_POOLS
     # ProductionVariant.VariantInstanceProvisionTimeoutInSeconds: 300..3600.
     provision_timeout_s: Integer(300, 3600)
     inference_ami_version: _checked(_inference_ami, str)
 
-    @model_validator(mode="after")
-    def _pools_once(self):
-        repeats = _repeats("instance_pools", self.instance_pools, lambda pool, first: f"{pool!r} is already pool "
-                                                                                     f"{first + 1}")
-        if repeats:
-            raise _field_problems(type(self).__name__, repeats)
-        return self
+    @property
+    def variant_instance_types(self) -> tuple[str, ...]:
+        return self.instance_pools
+
+    def _own_problems(self) -> list:
+        return _repeats("instance_pools", self.instance_pools, lambda pool, first: f"{pool!r} is already pool "
+                                                                                   f"{first + 1}")
 
 
 class TextGenerationEndpointSettings(EndpointSettings):
-    instance_type: _x86_cpu_instance("the llama.cpp DLC CPU image")
+    instance_type: DlcCpuInstance
     threads: Integer(1, 192)
     ctx_size: Integer(512, 1_048_576)
     parallel: Integer(1, 64)                      # llama-server slots
+
+    @property
+    def variant_instance_types(self) -> tuple[str, ...]:
+        return (self.instance_type,)
 
 
 class EcrRepositoryRef(_Settings):
@@ -295,9 +368,8 @@ class ImagePins(_Settings):
 
 
 class ModelPin(_Settings):
-    s3_key: Text(_MODEL_KEY, "a key of the form models/<pin>/<gguf sha256>/model.tar.gz (printed by the model "
-                             "build as s3_uri)")
-    gguf_sha256: Text(_HEX64, "64 lowercase hex characters")
+    s3_key: ModelKey
+    gguf_sha256: Sha256Hex
 
     @model_validator(mode="after")
     def _key_names_the_gguf(self):
@@ -336,7 +408,7 @@ class BuildSettings(_Settings):
 
 
 class ArtifactSettings(_Settings):
-    removal_policy: OneOf(("destroy", "retain"))
+    removal_policy: RemovalPolicy
     noncurrent_version_expiration_days: Integer(1, 3650)
     access_log_expiration_days: Integer(1, 3650)
     images_kept_per_kind: Integer(1, 1000)
@@ -347,13 +419,18 @@ class ArtifactSettings(_Settings):
         return self.removal_policy == "retain"
 
 
+class MonitoringSettings(_Settings):
+    # Addresses subscribed to the environment's alarm topic; each confirms its subscription by email.
+    alarm_emails: Annotated[tuple[EmailAddress, ...], BeforeValidator(_list_of(
+        0, 100, "a list of email addresses"))] = ()
+
+
 class EnvironmentConfig(_Settings):
     """``environments.<name>``; ``name`` is the chosen environment, account and region default to the CLI's."""
     name: str
-    account: Text(_ACCOUNT, "a 12-digit AWS account id") | None = None
-    region: Text(_REGION, "an AWS region name such as us-east-1") | None = None
-    name_prefix: Text(_NAME_PREFIX, "3 to 24 characters of a-z, 0-9 and '-', starting with a letter (stack names "
-                                    "and tags)")
+    account: AccountId | None = None
+    region: RegionName | None = None
+    name_prefix: NamePrefix
     endpoints: Annotated[tuple[_checked(_endpoint_kind, str), ...], BeforeValidator(_list_of(
         0, 1000, f"a list of endpoint kinds ({', '.join(ENDPOINT_KINDS)})"))]
     cpu: CpuEndpointSettings
@@ -363,6 +440,9 @@ class EnvironmentConfig(_Settings):
     build: BuildSettings
     artifacts: ArtifactSettings
     endpoint_log_retention_days: _checked(_log_retention, int)
+    monitoring: MonitoringSettings = MonitoringSettings()
+    # CloudFormation termination protection on every stack of the environment (cdk destroy refuses them).
+    termination_protection: _checked(_boolean, bool) = False
 
     @model_validator(mode="before")
     @classmethod
@@ -387,14 +467,15 @@ class EnvironmentConfig(_Settings):
         """The cdk.json key path of a setting of this environment, for messages."""
         return ".".join(("environments", self.name) + parts)
 
-    def missing_pins(self, kind: str) -> tuple[str, ...]:
-        """Key paths that must be set before the endpoint of this kind can be created."""
-        missing = []
-        if getattr(self.pins.images, kind) is None:
-            missing.append(self.key("pins", "images", kind))
-        if self.pins.model is None:
-            missing.append(self.key("pins", "model"))
-        return tuple(missing)
+    def endpoint_name(self, kind: str) -> str:
+        return f"{self.name_prefix}-{kind.replace('_', '-')}"
+
+    def endpoint_stack_name(self, kind: str) -> str:
+        return f"{self.name_prefix}-endpoint-{kind.replace('_', '-')}"
+
+    @property
+    def artifacts_stack_name(self) -> str:
+        return f"{self.name_prefix}-artifacts"
 
 
 # The keys load_environment supplies itself; cdk.json may not set them.
@@ -426,7 +507,9 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
 
 
 def _path(root: str, loc: Sequence[str | int]) -> str:
-    return root + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+    """Dotted key path; list indexes and map keys that hold dots (instance types) in brackets."""
+    return root + "".join(f"[{part}]" if isinstance(part, int) else f"[{part!r}]" if "." in part else f".{part}"
+                          for part in loc)
 
 
 def _message(root: str, problem: Mapping[str, Any]) -> str:

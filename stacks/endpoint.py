@@ -1,67 +1,73 @@
-"""One SageMaker real-time endpoint: its Model, EndpointConfig, Endpoint, log group and auto scaling.
+"""One SageMaker real-time endpoint, as its spec (stacks/endpoint_specs.py) describes it.
 
-The same construct serves the CPU and GPU decision endpoints and the text-generation endpoint; what differs is
-passed in: the image, the container environment and the variant (one instance type, or ordered instance pools
-with a provisioning timeout and an inference AMI). Model and EndpointConfig have generated names, because
-CloudFormation replaces them on every change; the Endpoint keeps its name and is updated in place.
+It owns the Model, EndpointConfig and Endpoint, the container's log group and the metric filters on its lines,
+the alarms (to the environment's topic), and auto scaling. Model and EndpointConfig have generated names,
+because CloudFormation replaces them on every change; the Endpoint keeps its name and is updated in place:
+SageMaker keeps the variant's current instance count through the update (RetainAllVariantProperties), shifts
+traffic as the spec's DeploymentConfig says, and rolls back to the old fleet when a rollback alarm fires.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from stacks import instance_types
-from stacks.config import EndpointSettings
+from stacks.endpoint_specs import VARIANT_NAME, Deployment, EndpointSpec
 from stacks.retention import retention_days
 from stacks.roles import policy_of
 
-VARIANT_NAME = "AllTraffic"
-
-
-@dataclass(frozen=True)
-class Variant:
-    """Where the endpoint runs: exactly one of instance_type and instance_pools (priority = order)."""
-    instance_type: str | None = None
-    instance_pools: tuple[str, ...] = ()
-    provision_timeout_s: int | None = None
-    inference_ami_version: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.instance_type is None) == (not self.instance_pools):
-            raise ValueError("a variant has either an instance type or instance pools")
-        if self.provision_timeout_s is not None and not self.instance_pools:
-            raise ValueError("a provisioning timeout applies to instance pools only")
-
-    @property
-    def instance_types(self) -> tuple[str, ...]:
-        return (self.instance_type,) if self.instance_type else self.instance_pools
-
 
 class SageMakerEndpoint(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, endpoint_name: str, image_uri: str,
-                 model_data_url: str, environment: dict[str, str], execution_role: iam.IRole, variant: Variant,
-                 settings: EndpointSettings, volume_key: kms.IKey | None,
-                 log_retention_days: int, tags: dict[str, str]) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, image_uri: str,
+                 model_data_url: str, execution_role: iam.IRole, volume_key: kms.IKey | None,
+                 alarm_topic: sns.ITopic, log_retention_days: int, tags: dict[str, str]) -> None:
         super().__init__(scope, construct_id)
-        if volume_key is not None and any(map(instance_types.has_instance_storage, variant.instance_types)):
-            raise ValueError(f"{endpoint_name}: SageMaker rejects a volume KMS key for instance types with local "
-                             f"instance storage ({', '.join(variant.instance_types)})")
-        self.endpoint_name = endpoint_name
+        variant = spec.variant
+        if volume_key is not None and variant.has_instance_storage:
+            raise ValueError(f"{spec.endpoint_name}: SageMaker rejects a volume KMS key for instance types with "
+                             f"local instance storage ({', '.join(variant.instance_types)})")
+        self.endpoint_name = spec.endpoint_name
+        cfn_tags = [cdk.CfnTag(key=key, value=value) for key, value in sorted(tags.items())]
 
-        # The container's log group, created here so that it has a retention and goes with the stack.
-        self.log_group = logs.LogGroup(self, "Logs", log_group_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
+        # The container's log group, created here so that it has a retention and goes with the stack. The role
+        # may write to it but not create it: a log group SageMaker recreated after a destroy would make the next
+        # deploy fail with "already exists".
+        self.log_group = logs.LogGroup(self, "Logs", log_group_name=f"/aws/sagemaker/Endpoints/{spec.endpoint_name}",
                                        retention=retention_days(log_retention_days),
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.log_group.grant_write(execution_role)
-        self.log_group.grant(execution_role, "logs:CreateLogGroup", "logs:DescribeLogStreams")
+        self.log_group.grant(execution_role, "logs:DescribeLogStreams")
+        self.metric_filters = [
+            logs.MetricFilter(self, metric.construct_id, log_group=self.log_group,
+                              filter_pattern=logs.FilterPattern.literal(metric.pattern),
+                              metric_namespace=spec.log_metrics_namespace, metric_name=metric.metric_name,
+                              metric_value="1", default_value=0)
+            for metric in spec.log_metrics]
+
+        # Alarms name the endpoint by its fixed name (not a reference), so the endpoint can name them in turn.
+        self.alarms: dict[str, cloudwatch.Alarm] = {}
+        for alarm_spec in spec.alarms:
+            alarm = cloudwatch.Alarm(
+                self, alarm_spec.construct_id, alarm_description=alarm_spec.description, metric=alarm_spec.metric,
+                threshold=alarm_spec.threshold, comparison_operator=alarm_spec.comparison,
+                evaluation_periods=alarm_spec.evaluation_periods, datapoints_to_alarm=alarm_spec.datapoints_to_alarm,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING)
+            alarm.add_alarm_action(cloudwatch_actions.SnsAction(alarm_topic))
+            alarm.add_ok_action(cloudwatch_actions.SnsAction(alarm_topic))
+            self.alarms[alarm_spec.construct_id] = alarm
+        self.rollback_alarms = [self.alarms[a.construct_id] for a in spec.rollback_alarms]
+        # SageMaker reads the rollback alarms' state with the execution role during an update.
+        execution_role.add_to_principal_policy(iam.PolicyStatement(
+            sid="ReadRollbackAlarms", actions=["cloudwatch:DescribeAlarms"],
+            resources=[alarm.alarm_arn for alarm in self.rollback_alarms]))
 
         self.model = sagemaker.CfnModel(
             self, "Model",
@@ -69,12 +75,13 @@ class SageMakerEndpoint(Construct):
             # No network access from the container: the model comes from S3 through SageMaker, nothing else.
             enable_network_isolation=True,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=image_uri, model_data_url=model_data_url, environment=environment),
-            tags=[cdk.CfnTag(key=key, value=value) for key, value in sorted(tags.items())],
+                image=image_uri, model_data_url=model_data_url, environment=spec.environment),
+            tags=cfn_tags,
         )
         # CreateModel checks that the role can read the image and the archive: its policy must exist first.
         self.model.node.add_dependency(policy_of(execution_role))
 
+        settings = spec.settings
         production_variant = sagemaker.CfnEndpointConfig.ProductionVariantProperty(
             variant_name=VARIANT_NAME,
             model_name=self.model.attr_model_name,
@@ -87,18 +94,23 @@ class SageMakerEndpoint(Construct):
             inference_ami_version=variant.inference_ami_version,
             container_startup_health_check_timeout_in_seconds=settings.startup_health_check_timeout_s,
             model_data_download_timeout_in_seconds=settings.model_download_timeout_s,
+            routing_config=sagemaker.CfnEndpointConfig.RoutingConfigProperty(
+                routing_strategy=variant.routing_strategy) if variant.routing_strategy else None,
         )
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self, "EndpointConfig", production_variants=[production_variant],
-            kms_key_id=volume_key.key_arn if volume_key is not None else None,
-            tags=[cdk.CfnTag(key=key, value=value) for key, value in sorted(tags.items())])
+            kms_key_id=volume_key.key_arn if volume_key is not None else None, tags=cfn_tags)
 
         self.endpoint = sagemaker.CfnEndpoint(
-            self, "Endpoint", endpoint_name=endpoint_name,
+            self, "Endpoint", endpoint_name=spec.endpoint_name,
             endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
-            tags=[cdk.CfnTag(key=key, value=value) for key, value in sorted(tags.items())])
-        # Container logs from the first instance must find their log group.
+            # A new pin keeps the instance count auto scaling has reached (prod at 6, not back to 2 at peak).
+            retain_all_variant_properties=True,
+            deployment_config=_deployment_config(spec.deployment, self.rollback_alarms),
+            tags=cfn_tags)
+        # Container logs from the first instance must find their log group; the update reads the alarms' state.
         self.endpoint.node.add_dependency(self.log_group)
+        self.endpoint.node.add_dependency(policy_of(execution_role))
 
         # Target tracking on invocations per instance, between the initial and the maximum count. Application
         # Auto Scaling uses its SageMaker service-linked role (no RoleARN).
@@ -117,10 +129,36 @@ class SageMakerEndpoint(Construct):
             scaling_target_id=self.scalable_target.ref,
             target_tracking_scaling_policy_configuration=appscaling.CfnScalingPolicy
             .TargetTrackingScalingPolicyConfigurationProperty(
-                target_value=settings.target_invocations_per_instance,
+                target_value=spec.scaling_target,
                 predefined_metric_specification=appscaling.CfnScalingPolicy.PredefinedMetricSpecificationProperty(
                     predefined_metric_type="SageMakerVariantInvocationsPerInstance"),
                 scale_in_cooldown=settings.scale_in_cooldown_s,
                 scale_out_cooldown=settings.scale_out_cooldown_s,
             ),
         )
+
+
+def _deployment_config(deployment: Deployment, rollback_alarms: list[cloudwatch.Alarm]
+                       ) -> sagemaker.CfnEndpoint.DeploymentConfigProperty:
+    Endpoint = sagemaker.CfnEndpoint
+    rollback = Endpoint.AutoRollbackConfigProperty(
+        alarms=[Endpoint.AlarmProperty(alarm_name=alarm.alarm_name) for alarm in rollback_alarms])
+    if deployment.strategy == "rolling":
+        return Endpoint.DeploymentConfigProperty(
+            auto_rollback_configuration=rollback,
+            rolling_update_policy=Endpoint.RollingUpdatePolicyProperty(
+                # Half the fleet per batch, the most SageMaker allows; a rollback restores the old fleet at once.
+                maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=50),
+                rollback_maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=100),
+                wait_interval_in_seconds=deployment.bake_s,
+                maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s))
+    return Endpoint.DeploymentConfigProperty(
+        auto_rollback_configuration=rollback,
+        blue_green_update_policy=Endpoint.BlueGreenUpdatePolicyProperty(
+            traffic_routing_configuration=Endpoint.TrafficRoutingConfigProperty(
+                type=deployment.traffic, wait_interval_in_seconds=deployment.bake_s,
+                canary_size=Endpoint.CapacitySizeProperty(type="INSTANCE_COUNT", value=1)
+                if deployment.traffic == "CANARY" else None),
+            # The old fleet stays this long after all traffic has moved: the last chance to roll back.
+            termination_wait_in_seconds=deployment.bake_s,
+            maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s))

@@ -103,3 +103,18 @@ def has_instance_storage(instance_type: str) -> bool:
     if name in _INSTANCE_STORAGE_FAMILIES or _D_VARIANT.match(name):
         return True
     return is_accelerated(instance_type) and name not in NVIDIA_FAMILIES and not name.startswith("inf")
+
+
+def gpus(instance_type: str) -> int:
+    """NVIDIA GPUs of the instance types the GPU image supports (g4dn, g5, g6, g6e, gr6, p4d/p4de, p5*).
+
+    The g families have one GPU up to 16xlarge, four at 12xlarge and 24xlarge, eight at 48xlarge (and g4dn.metal);
+    the p4/p5 sizes SageMaker offers have eight. The GPU utilization alarm's threshold scales with it.
+    """
+    name = family(instance_type)
+    if nvidia_gpu(instance_type) is None:
+        raise ValueError(f"not an NVIDIA GPU instance type: {instance_type!r}")
+    if name.startswith("p"):
+        return 8
+    size = INSTANCE_TYPE.match(instance_type)["size"]
+    return {"12xlarge": 4, "24xlarge": 4, "48xlarge": 8}.get(size, 1)

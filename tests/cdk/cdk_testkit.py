@@ -25,7 +25,8 @@ import app as cdk_app
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON = REPOSITORY_ROOT / "cdk.json"
 ENVIRONMENTS = ("dev", "prod")
-STACK_KINDS = ("artifacts", "build", "endpoints")
+ENDPOINT_STACKS = {"cpu": "endpoint-cpu", "gpu": "endpoint-gpu", "text_generation": "endpoint-text-generation"}
+STACK_KINDS = ("artifacts", "build", "monitoring", *ENDPOINT_STACKS.values())
 
 MODEL_SHA256 = "4" * 64
 TEST_PINS = {
@@ -89,6 +90,9 @@ class Synthesized:
             found += [re.sub(r" \[ack: [^]]+\]$", "", entry["data"]) for entries in metadata.values()
                       for entry in entries if entry["type"] == "aws:cdk:warning"]
         return found
+
+    def manifest(self) -> dict[str, Any]:
+        return json.loads((self.outdir / "manifest.json").read_text())
 
     def asset_manifest(self, kind: str) -> dict[str, Any]:
         return json.loads((self.outdir / f"{self.stack_name(kind)}.assets.json").read_text())

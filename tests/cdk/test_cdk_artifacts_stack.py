@@ -56,8 +56,9 @@ def test_the_repository_is_immutable_scanned_and_lifecycled(pinned):
     assert "RepositoryName" not in properties  # generated: CloudFormation may replace it
     policy = json.loads(properties["LifecyclePolicy"]["LifecyclePolicyText"])
     kept = {"dev": 20, "prod": 50}[pinned.env]
-    assert [(r["selection"]["tagPrefixList"], r["selection"]["countNumber"]) for r in policy["rules"]] == [
-        (["cpu-"], kept), (["gpu-"], kept), (["textgen-"], kept)]
+    assert [(r["rulePriority"], r["selection"]["tagPrefixList"], r["selection"]["countNumber"])
+            for r in policy["rules"]] == [
+        (1, ["pinned-"], 9999), (2, ["cpu-"], kept), (3, ["gpu-"], kept), (4, ["textgen-"], kept)]
     assert all(r["selection"]["tagStatus"] == "tagged" for r in policy["rules"])
 
 

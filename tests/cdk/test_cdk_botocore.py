@@ -1,10 +1,12 @@
 """The API calls the endpoint templates imply, checked against botocore's service models (boto3 1.44.8).
 
 CloudFormation passes these resources' properties to SageMaker's CreateModel / CreateEndpointConfig /
-CreateEndpoint and Application Auto Scaling's RegisterScalableTarget / PutScalingPolicy. Each template is
-resolved with realistic placeholder values for references, turned into those requests and validated: botocore's
-ParamValidator catches unknown field names, wrong types and out-of-range numbers or lengths; the enums (instance
-types, AMI versions, metric types) and patterns that ParamValidator leaves out are checked here as well.
+CreateEndpoint (and UpdateEndpoint when a pin changes: RetainAllVariantProperties and the DeploymentConfig),
+Application Auto Scaling's RegisterScalableTarget / PutScalingPolicy, CloudWatch's PutMetricAlarm and CloudWatch
+Logs' PutMetricFilter. Each endpoint template is resolved with realistic placeholder values for references, turned
+into those requests and validated: botocore's ParamValidator catches unknown field names, wrong types and
+out-of-range numbers or lengths; the enums (instance types, AMI versions, metric types, deployment types) and
+patterns that ParamValidator leaves out are checked here as well.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ PSEUDO = {"AWS::Partition": "aws", "AWS::Region": REGION, "AWS::AccountId": ACCO
 SESSION = botocore.session.get_session()
 SAGEMAKER = SESSION.get_service_model("sagemaker")
 AUTOSCALING = SESSION.get_service_model("application-autoscaling")
+CLOUDWATCH = SESSION.get_service_model("cloudwatch")
+LOGS = SESSION.get_service_model("logs")
 
 
 class Resolver:
@@ -58,9 +62,13 @@ class Resolver:
         raise AssertionError(f"unexpected intrinsic {function}")
 
     def ref(self, logical_id: str) -> str:
-        resource_type = self.resources[logical_id]["Type"]
-        if resource_type == "AWS::ApplicationAutoScaling::ScalableTarget":
+        resource = self.resources[logical_id]
+        if resource["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget":
             return logical_id
+        if resource["Type"] == "AWS::Logs::LogGroup":
+            return resource["Properties"]["LogGroupName"]
+        if resource["Type"] == "AWS::CloudWatch::Alarm":
+            return f"stack-{logical_id[:40]}-A1B2C3D4E5F6"
         return f"{logical_id.lower()[:40]}-a1b2c3"
 
     def get_att(self, logical_id: str, attribute: str) -> str:
@@ -73,6 +81,7 @@ class Resolver:
             ("AWS::SageMaker::EndpointConfig", "EndpointConfigName"): name,
             ("AWS::SageMaker::Endpoint", "EndpointName"): resource["Properties"].get("EndpointName", name),
             ("AWS::Logs::LogGroup", "Arn"): f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*",
+            ("AWS::CloudWatch::Alarm", "Arn"): f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{self.ref(logical_id)}",
         }[(resource["Type"], attribute)]
 
     @staticmethod
@@ -86,6 +95,8 @@ class Resolver:
             return repository
         if "ImageRepository" in export_name and "Arn" in export_name:
             return f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/{repository}"
+        if "RefAlarmTopic" in export_name:
+            return f"arn:aws:sns:{REGION}:{ACCOUNT}:decision-monitoring-AlarmTopic-1A2B3C4D"
         raise AssertionError(f"unexpected import {export_name}")
 
 
@@ -130,6 +141,15 @@ def constraint_problems(value: Any, shape: Shape, path: str) -> list[str]:
     return found
 
 
+def camel(value: Any) -> Any:
+    """CloudFormation's PascalCase keys as CloudWatch Logs' API spells them (camelCase)."""
+    if isinstance(value, dict):
+        return {key[0].lower() + key[1:]: camel(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [camel(item) for item in value]
+    return value
+
+
 def requests_of(template: dict[str, Any]) -> list[tuple[Any, str, dict[str, Any]]]:
     """(service model, operation, params) for every endpoint resource of a template."""
     resolve = Resolver(template)
@@ -144,7 +164,11 @@ def requests_of(template: dict[str, Any]) -> list[tuple[Any, str, dict[str, Any]
             calls.append((SAGEMAKER, "CreateEndpointConfig", {
                 "EndpointConfigName": resolve.get_att(logical_id, "EndpointConfigName"), **properties}))
         elif kind == "AWS::SageMaker::Endpoint":
-            calls.append((SAGEMAKER, "CreateEndpoint", properties))
+            # Creation takes the name, config, deployment config and tags; an update (a new pin: a new
+            # EndpointConfig) also the variant-retention flags, and no tags.
+            update_only = ("RetainAllVariantProperties", "ExcludeRetainedVariantProperties", "RetainDeploymentConfig")
+            calls.append((SAGEMAKER, "CreateEndpoint", {k: v for k, v in properties.items() if k not in update_only}))
+            calls.append((SAGEMAKER, "UpdateEndpoint", {k: v for k, v in properties.items() if k != "Tags"}))
         elif kind == "AWS::ApplicationAutoScaling::ScalableTarget":
             tags = {tag["Key"]: tag["Value"] for tag in properties.pop("Tags", [])}  # a map in the API
             calls.append((AUTOSCALING, "RegisterScalableTarget", {**properties, "Tags": tags}))
@@ -153,21 +177,56 @@ def requests_of(template: dict[str, Any]) -> list[tuple[Any, str, dict[str, Any]
             calls.append((AUTOSCALING, "PutScalingPolicy", {
                 **properties, "ServiceNamespace": target["ServiceNamespace"], "ResourceId": target["ResourceId"],
                 "ScalableDimension": target["ScalableDimension"]}))
+        elif kind == "AWS::CloudWatch::Alarm":
+            calls.append((CLOUDWATCH, "PutMetricAlarm", {"AlarmName": resolve.ref(logical_id), **properties}))
+        elif kind == "AWS::Logs::MetricFilter":
+            calls.append((LOGS, "PutMetricFilter", {"filterName": f"{logical_id}-A1B2C3", **camel(properties)}))
     return calls
 
 
-def test_pinned_endpoint_requests_are_valid(pinned):
-    calls = requests_of(pinned.template("endpoints"))
-    assert sorted({operation for _, operation, _ in calls}) == [
-        "CreateEndpoint", "CreateEndpointConfig", "CreateModel", "PutScalingPolicy", "RegisterScalableTarget"]
-    assert len(calls) == 15
+@pytest.mark.parametrize("stack", cdk_testkit.ENDPOINT_STACKS.values())
+def test_pinned_endpoint_requests_are_valid(pinned, stack):
+    calls = requests_of(pinned.template(stack))
+    operations = sorted({operation for _, operation, _ in calls})
+    assert operations == sorted(["CreateEndpoint", "CreateEndpointConfig", "CreateModel", "PutScalingPolicy",
+                                 "RegisterScalableTarget", "UpdateEndpoint", "PutMetricAlarm"]
+                                + (["PutMetricFilter"] if stack != "endpoint-text-generation" else []))
     for service, operation, params in calls:
         assert problems(service, operation, params) == [], (operation, params)
 
 
+@pytest.mark.parametrize("stack", cdk_testkit.ENDPOINT_STACKS.values())
+def test_the_update_keeps_variant_properties_and_names_existing_alarms(pinned, stack):
+    calls = requests_of(pinned.template(stack))
+    (update,) = [p for _, op, p in calls if op == "UpdateEndpoint"]
+    assert update["RetainAllVariantProperties"] is True
+    alarm_names = {p["AlarmName"] for _, op, p in calls if op == "PutMetricAlarm"}
+    rollback = [a["AlarmName"] for a in update["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
+    assert rollback and set(rollback) <= alarm_names
+    (policy_name,) = {"BlueGreenUpdatePolicy", "RollingUpdatePolicy"} & set(update["DeploymentConfig"])
+    assert problems(SAGEMAKER, "UpdateEndpoint", update) == []
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"].__setitem__("Type", "SOMETIMES"),
+     "UpdateEndpoint.DeploymentConfig.BlueGreenUpdatePolicy.TrafficRoutingConfiguration.Type: 'SOMETIMES' is not"),
+    (lambda d: d["BlueGreenUpdatePolicy"].__setitem__("TerminationWaitInSeconds", 4000),
+     "UpdateEndpoint.DeploymentConfig.BlueGreenUpdatePolicy.TerminationWaitInSeconds: 4000 is above"),
+    (lambda d: d["BlueGreenUpdatePolicy"].__setitem__("MaximumExecutionTimeoutInSeconds", 60),
+     "Invalid value for parameter DeploymentConfig.BlueGreenUpdatePolicy.MaximumExecutionTimeoutInSeconds"),
+    (lambda d: d["AutoRollbackConfiguration"].__setitem__("Alarms", [{"AlarmName": "a"}] * 11),
+     "UpdateEndpoint.DeploymentConfig.AutoRollbackConfiguration.Alarms: ["),
+    (lambda d: d.__setitem__("RollingPolicy", {}), 'Unknown parameter in DeploymentConfig: "RollingPolicy"'),
+])
+def test_the_validation_catches_a_wrong_deployment_config(dev, mutate, expected):
+    (update,) = [p for _, op, p in requests_of(dev.template("endpoint-cpu")) if op == "UpdateEndpoint"]
+    mutate(update["DeploymentConfig"])
+    assert any(expected in problem for problem in problems(SAGEMAKER, "UpdateEndpoint", update)), \
+        problems(SAGEMAKER, "UpdateEndpoint", update)
+
+
 def test_the_gpu_request_uses_instance_pools_as_the_api_defines_them(pinned):
-    (params,) = [p for _, op, p in requests_of(pinned.template("endpoints"))
-                 if op == "CreateEndpointConfig" and "InstancePools" in p["ProductionVariants"][0]]
+    (params,) = [p for _, op, p in requests_of(pinned.template("endpoint-gpu")) if op == "CreateEndpointConfig"]
     pool_shape = SAGEMAKER.shape_for("ProductionVariant").members["InstancePools"]
     assert pool_shape.metadata == {"min": 1, "max": 5}
     (variant,) = params["ProductionVariants"]
@@ -183,8 +242,8 @@ def test_the_gpu_request_uses_instance_pools_as_the_api_defines_them(pinned):
     (lambda v: v.__setitem__("VariantInstanceProvisionTimeoutInSeconds", 60),
      "Invalid value for parameter ProductionVariants[0].VariantInstanceProvisionTimeoutInSeconds, value: 60"),
     (lambda v: v["InstancePools"].append({"InstanceType": "ml.g6.2xlarge", "Priority": 9}),
-     "CreateEndpointConfig.ProductionVariants[0].InstancePools[3].Priority: 9 is above"),
-    (lambda v: v["InstancePools"].extend([{"InstanceType": "ml.g6.2xlarge", "Priority": 4}] * 3),
+     "CreateEndpointConfig.ProductionVariants[0].InstancePools[4].Priority: 9 is above"),
+    (lambda v: v["InstancePools"].extend([{"InstanceType": "ml.g6.2xlarge", "Priority": 5}] * 2),
      "CreateEndpointConfig.ProductionVariants[0].InstancePools: ["),
     (lambda v: v["InstancePools"][0].__setitem__("InstanceType", "ml.g6.huge"),
      "CreateEndpointConfig.ProductionVariants[0].InstancePools[0].InstanceType: 'ml.g6.huge' is not one of"),
@@ -192,8 +251,7 @@ def test_the_gpu_request_uses_instance_pools_as_the_api_defines_them(pinned):
      "CreateEndpointConfig.ProductionVariants[0].InferenceAmiVersion: 'al2-ami-sagemaker-inference-gpu-9'"),
 ])
 def test_the_validation_catches_wrong_names_and_values(dev, mutate, expected):
-    (params,) = [p for _, op, p in requests_of(dev.template("endpoints"))
-                 if op == "CreateEndpointConfig" and "InstancePools" in p["ProductionVariants"][0]]
+    (params,) = [p for _, op, p in requests_of(dev.template("endpoint-gpu")) if op == "CreateEndpointConfig"]
     mutate(params["ProductionVariants"][0])
     assert any(expected in problem for problem in problems(SAGEMAKER, "CreateEndpointConfig", params))
 
@@ -204,7 +262,18 @@ def test_configured_instance_types_and_ami_versions_are_in_the_service_model():
     ami_enum = SAGEMAKER.shape_for("ProductionVariantInferenceAmiVersion").enum
     assert set(GPU_INFERENCE_AMI_VERSIONS) <= set(ami_enum)
     instance_enum = set(SAGEMAKER.shape_for("ProductionVariantInstanceType").enum)
+    from stacks.config import DEFAULT_GPU_POOLS
     for env, settings in cdk_testkit.cdk_json_context()["environments"].items():
         types = [settings["cpu"]["instance_type"], settings["text_generation"]["instance_type"],
-                 *settings["gpu"]["instance_pools"]]
+                 *settings["gpu"].get("instance_pools", DEFAULT_GPU_POOLS)]
         assert set(types) <= instance_enum, (env, set(types) - instance_enum)
+
+
+def test_the_ami_table_matches_the_service_models_documentation():
+    """stacks/instance_types.py's driver and CUDA version per inference AMI, as botocore documents each AMI."""
+    from stacks.instance_types import GPU_INFERENCE_AMIS
+    text = re.sub(r"<[^>]+>", " ", SAGEMAKER.shape_for("ProductionVariant").members["InferenceAmiVersion"].documentation)
+    documented = {name: (int(driver), cuda) for name, driver, cuda in re.findall(
+        r"(al2\S*-ami-sagemaker-inference-gpu-[0-9-]+)\s+Accelerator: GPU\s+NVIDIA driver version: ([0-9]+)\s+"
+        r"CUDA version: ([0-9.]+)", text)}
+    assert documented == GPU_INFERENCE_AMIS

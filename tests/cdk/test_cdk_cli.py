@@ -44,7 +44,8 @@ def test_npx_cdk_synth_succeeds_for_each_environment(env, tmp_path):
     for kind in cdk_testkit.STACK_KINDS:
         assert (tmp_path / "cdk.out" / f"{prefix}-{kind}.template.json").exists()
     # A fresh clone pins nothing: the endpoints are left out, saying which keys to set.
-    assert f"environments.{env}.pins.images.cpu and environments.{env}.pins.model are set" in completed.stderr
+    for kind in ("cpu", "gpu", "text_generation"):
+        assert f"environments.{env}.pins.images.{kind} and environments.{env}.pins.model are set" in completed.stderr
     assert "AwsSolutions" not in completed.stderr
     shutil.rmtree(tmp_path / "cdk.out")
 

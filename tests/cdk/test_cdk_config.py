@@ -55,7 +55,10 @@ def test_shipped_environments_parse(env, pinned):
 def test_fresh_clone_has_no_pins_and_names_what_to_set():
     config = parse("dev", pinned=False)
     assert config.pins.images.cpu is None and config.pins.model is None
-    assert config.missing_pins("gpu") == ("environments.dev.pins.images.gpu", "environments.dev.pins.model")
+    from stacks.endpoint_specs import endpoint_specs
+    gpu = [spec for spec in endpoint_specs(config) if spec.kind == "gpu"][0]
+    assert gpu.missing_pins == ("environments.dev.pins.images.gpu", "environments.dev.pins.model")
+    assert not gpu.deployable
 
 
 def test_config_is_frozen():
@@ -66,8 +69,25 @@ def test_config_is_frozen():
 
 
 def test_gpu_pools_keep_their_order():
-    config = parse(edit=setting("gpu.instance_pools", ["ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge"]))
+    def edit(environment):
+        environment["gpu"]["instance_pools"] = ["ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge"]
+        environment["gpu"]["target_invocations_per_instance"].pop("ml.g6e.xlarge")
+    config = parse(edit=edit)
     assert config.gpu.instance_pools == ("ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge")
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_both_environments_default_to_the_walkthrough_pool_order(env):
+    assert parse(env).gpu.instance_pools == ("ml.g6e.xlarge", "ml.g6.xlarge", "ml.g5.xlarge", "ml.g4dn.xlarge")
+
+
+def test_monitoring_and_termination_protection():
+    assert parse("prod").termination_protection is True and parse("dev").termination_protection is False
+    assert parse("dev").monitoring.alarm_emails == ()
+    config = parse("dev", edit=setting("monitoring", {"alarm_emails": ["oncall@example.com"]}))
+    assert config.monitoring.alarm_emails == ("oncall@example.com",)
+    without = parse("dev", edit=lambda e: (e.pop("monitoring"), e.pop("termination_protection")))
+    assert without.monitoring.alarm_emails == () and without.termination_protection is False
 
 
 def test_digest_pins_resolve_against_the_project_repository():
@@ -169,6 +189,24 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
      "environments.prod.cpu.instnace_type: unknown key (expected one of: instance_type, threads"),
     (setting("gpu_pools", []), "environments.prod.gpu_pools: unknown key"),
     (removing("text_generation"), "environments.prod.text_generation: is required"),
+    (setting("gpu.target_invocations_per_instance", 200),
+     "environments.prod.gpu.target_invocations_per_instance: expected an object mapping each instance type"),
+    (lambda e: e["gpu"]["target_invocations_per_instance"].pop("ml.g4dn.xlarge"),
+     "environments.prod.gpu.target_invocations_per_instance: has no target for ml.g4dn.xlarge (every instance "
+     "type the endpoint runs on needs one)"),
+    (setting("cpu.target_invocations_per_instance", {"ml.c7i.2xlarge": 50, "ml.c7i.xlarge": 30}),
+     "environments.prod.cpu.target_invocations_per_instance['ml.c7i.xlarge']: is not an instance type of this "
+     "endpoint (ml.c7i.2xlarge)"),
+    (setting("cpu.target_invocations_per_instance", {"ml.c7i.2xlarge": 0}),
+     "environments.prod.cpu.target_invocations_per_instance['ml.c7i.2xlarge']: 0 is outside 1..100000"),
+    (removing("cpu.model_latency_p99_ms"), "environments.prod.cpu.model_latency_p99_ms: is required"),
+    (setting("gpu.model_latency_p99_ms", 5), "environments.prod.gpu.model_latency_p99_ms: 5 is outside 10..600000"),
+    (setting("monitoring", {"alarm_emails": ["oncall"]}),
+     "environments.prod.monitoring.alarm_emails[0]: 'oncall' is not an email address"),
+    (setting("monitoring", {"alarm_email": []}), "environments.prod.monitoring.alarm_email: unknown key (expected "
+                                                 "one of: alarm_emails)"),
+    (setting("termination_protection", "yes"),
+     "environments.prod.termination_protection: expected true or false, got a string ('yes')"),
     (setting("cpu", "ml.c7i.xlarge"), "environments.prod.cpu: expected an object, got a string"),
 ], ids=lambda value: value if isinstance(value, str) and len(value) < 60 else None)
 def test_invalid_values_are_named_by_key_path(edit, expected):

@@ -84,7 +84,8 @@ def test_each_acknowledgment_covers_a_real_finding(monkeypatch, env):
 
 
 def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
-    """IAM5 for Resource::* (service-wide actions) and for the build prefixes; nothing else is waived."""
+    """IAM5 for Resource::* (service-wide actions), the build and Batch Transform prefixes of the artifact bucket
+    and the transform jobs' log streams; nothing else is waived."""
     acknowledged = set()
     for metadata_file in pinned.outdir.glob("*.metadata.json"):
         for entries in json.loads(metadata_file.read_text()).values():
@@ -97,4 +98,8 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
         f"AwsSolutions-IAM5[Resource::{export}/models/*]",
         f"AwsSolutions-IAM5[Resource::{export}/image-digests/cpu/*]",
         f"AwsSolutions-IAM5[Resource::{export}/image-digests/gpu/*]",
+        f"AwsSolutions-IAM5[Resource::{export}/batch/input/*]",
+        f"AwsSolutions-IAM5[Resource::{export}/batch/output/*]",
+        "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:"
+        "/aws/sagemaker/TransformJobs:log-stream:*]",
     }

@@ -1,0 +1,139 @@
+"""One endpoint's stack (``<prefix>-endpoint-<kind>``): its execution role, volume key and endpoint.
+
+Each endpoint kind has a stack of its own, so that a failed GPU deployment (an instance quota of 0 is common;
+pools fall back on capacity, not on quota) rolls back that stack alone, and each can be deployed, diffed and
+destroyed by name. The stack imports from the artifacts stack (bucket, repository) and the monitoring stack
+(alarm topic) and exports nothing, so destroying it never waits for another stack.
+
+An endpoint that cdk.json does not list, or whose image or model is not pinned yet, leaves its stack with a
+no-op placeholder (AWS::CloudFormation::WaitConditionHandle); an unpinned one adds a synth warning naming the
+keys to set. Deploying that stack removes an endpoint that was there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import aws_cdk as cdk
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from stacks import nag
+from stacks.artifacts_stack import ArtifactsStack
+from stacks.config import BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, TRANSFORM_LOG_GROUP
+from stacks.endpoint import SageMakerEndpoint
+from stacks.endpoint_specs import INSTANCE_NAMESPACE, TRANSFORM_INSTANCE_NAMESPACE, EndpointSpec
+
+
+class EndpointStack(cdk.Stack):
+    def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, artifacts: ArtifactsStack,
+                 alarm_topic: sns.ITopic, name_prefix: str, log_retention_days: int, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.spec, self._artifacts = spec, artifacts
+        self.endpoint: SageMakerEndpoint | None = None
+        if spec.enabled and spec.missing_pins:
+            missing = spec.missing_pins
+            cdk.Annotations.of(self).add_warning_v2(
+                f"decision-models:unpinned-{spec.kind}",
+                f"The {spec.kind} endpoint is left out until {' and '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} set in cdk.json (README.md, Deploy).")
+        if not spec.deployable:
+            # A template needs one resource. This one does nothing and costs nothing; it keeps the stack
+            # deployable (and diffable) until the endpoint is listed and pinned.
+            cdk.CfnWaitConditionHandle(self, "NoEndpointYet")
+            return
+
+        self.execution_role = iam.Role(
+            self, "ExecutionRole",
+            # Only SageMaker acting for this account may assume it (confused-deputy protection).
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com", conditions={
+                "StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}}),
+            description=f"{name_prefix}: the {spec.title} endpoint reads the pinned model archive and pulls the "
+                        f"pinned image")
+        role = self.execution_role
+        model = spec.model
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadPinnedModelArchive", actions=["s3:GetObject"],
+            resources=[artifacts.bucket_objects_arn(model.s3_key)]))
+        # The instances' CPU, GPU, memory and disk metrics; PutMetricData has no resource-level permissions.
+        namespaces = [INSTANCE_NAMESPACE] + ([TRANSFORM_INSTANCE_NAMESPACE] if spec.serves_batch_transform else [])
+        role.add_to_policy(iam.PolicyStatement(
+            sid="PublishInstanceMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
+            conditions={"StringEquals": {"cloudwatch:namespace": namespaces}}))
+        acknowledged = ["ecr:GetAuthorizationToken", "cloudwatch:PutMetricData (limited to SageMaker's namespace "
+                        + " and ".join(namespaces) + ")"]
+        if spec.serves_batch_transform:
+            self._grant_batch_transform(role)
+        nag.acknowledge(role, "AwsSolutions-IAM5[Resource::*]",
+                        f"{' and '.join(acknowledged)} have no resource-level permissions; the services require "
+                        "Resource '*'. Image pulls are limited to the pinned image's repository.")
+
+        # SageMaker refuses a volume key on instances with local NVMe storage (encrypted in hardware), so only
+        # EBS-backed variants get one.
+        self.volume_key = None
+        if not spec.variant.has_instance_storage:
+            self.volume_key = kms.Key(
+                self, "VolumeKey", enable_key_rotation=True, pending_window=cdk.Duration.days(7),
+                removal_policy=cdk.RemovalPolicy.DESTROY,
+                description=f"{name_prefix}: encrypts the EBS volumes of the {spec.title} endpoint")
+
+        self.endpoint = SageMakerEndpoint(
+            self, "Endpoint", spec=spec, image_uri=self._image_uri(), execution_role=role,
+            model_data_url=f"s3://{artifacts.bucket.bucket_name}/{model.s3_key}", volume_key=self.volume_key,
+            alarm_topic=alarm_topic, log_retention_days=log_retention_days,
+            tags={"endpoint-kind": spec.kind, "image-digest": spec.image.digest,
+                  "model-gguf-sha256": model.gguf_sha256})
+        cdk.CfnOutput(self, "EndpointName", value=self.endpoint.endpoint.attr_endpoint_name,
+                      description=f"python -m endpoint_client --endpoint-name <this> ({spec.kind})")
+        cdk.CfnOutput(self, "ModelName", value=self.endpoint.model.attr_model_name,
+                      description="The pinned Model (Batch Transform runs on it)")
+        if spec.serves_batch_transform:
+            cdk.CfnOutput(self, "TransformInstanceType", value=spec.variant.instance_types[0],
+                          description="python -m endpoint_client transform uses it unless --instance-type is given")
+
+    def _grant_batch_transform(self, role: iam.Role) -> None:
+        artifacts = self._artifacts
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadBatchInput", actions=["s3:GetObject"],
+            resources=[artifacts.bucket_objects_arn(f"{BATCH_INPUT_PREFIX}*")]))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ListBatchInput", actions=["s3:ListBucket"],
+            resources=[cdk.Fn.import_value(artifacts.bucket_arn_export_name)],
+            conditions={"StringLike": {"s3:prefix": [f"{BATCH_INPUT_PREFIX}*"]}}))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteBatchOutput", actions=["s3:PutObject", "s3:AbortMultipartUpload"],
+            resources=[artifacts.bucket_objects_arn(f"{BATCH_OUTPUT_PREFIX}*")]))
+        # Transform jobs log to one account-wide group, which the runner creates; the role only writes to it.
+        streams = cdk.Arn.format(cdk.ArnComponents(
+            service="logs", resource="log-group", resource_name=f"{TRANSFORM_LOG_GROUP}:log-stream:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME), self)
+        group = cdk.Arn.format(cdk.ArnComponents(
+            service="logs", resource="log-group", resource_name=TRANSFORM_LOG_GROUP,
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME), self)
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteTransformLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+            resources=[group, streams]))
+        for prefix, why in ((BATCH_INPUT_PREFIX, "reads the job's input objects (listed and read under the prefix)"),
+                            (BATCH_OUTPUT_PREFIX, "writes one .out object per input object under the output prefix")):
+            nag.acknowledge(role, artifacts.bucket_objects_finding(f"{prefix}*"),
+                            f"Batch Transform {why}; the object keys are chosen per job, so the role is limited to "
+                            f"the {prefix} prefix of the artifact bucket.")
+        nag.acknowledge(role, nag.wildcard_resource(
+            f"arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:{TRANSFORM_LOG_GROUP}:log-stream:*"),
+            "SageMaker names a transform job's log streams per job and instance; the role may write streams of "
+            "the one transform log group only.")
+
+    def _image_uri(self) -> str:
+        """The pinned image's URI; the execution role may pull from its repository."""
+        image, role = self.spec.image, self.execution_role
+        if image.repository is None:
+            self._artifacts.repository.grant_pull(role)
+            return self._artifacts.repository.repository_uri_for_digest(image.digest)
+        repository = ecr.Repository.from_repository_arn(
+            self, "PinnedRepository" + hashlib.sha256(image.repository.arn.encode()).hexdigest()[:8],
+            image.repository.arn)
+        repository.grant_pull(role)
+        return f"{image.repository.uri}@{image.digest}"

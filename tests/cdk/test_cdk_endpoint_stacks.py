@@ -1,0 +1,485 @@
+"""The endpoint stacks: one per kind, each with its role, Model, EndpointConfig, Endpoint, scaling and alarms."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from aws_cdk.assertions import Capture, Match
+
+import cdk_testkit
+from cdk_testkit import ENDPOINT_STACKS, MODEL_SHA256, REPOSITORY_ROOT, TEST_PINS, as_list, flatten, statements
+
+KINDS = tuple(ENDPOINT_STACKS)
+ADAPTER_KINDS = ("cpu", "gpu")
+MODEL_KEY = TEST_PINS["model"]["s3_key"]
+WALKTHROUGH_POOLS = ["ml.g6e.xlarge", "ml.g6.xlarge", "ml.g5.xlarge", "ml.g4dn.xlarge"]
+
+
+def settings(synth, kind):
+    return cdk_testkit.cdk_json_context()["environments"][synth.env][kind]
+
+
+def one(synth, kind, resource_type):
+    (resource,) = synth.resources(ENDPOINT_STACKS[kind], resource_type).values()
+    return resource
+
+
+def model(synth, kind):
+    return one(synth, kind, "AWS::SageMaker::Model")["Properties"]
+
+
+def variant(synth, kind):
+    (production_variant,) = one(synth, kind, "AWS::SageMaker::EndpointConfig")["Properties"]["ProductionVariants"]
+    return production_variant
+
+
+def endpoint(synth, kind):
+    return one(synth, kind, "AWS::SageMaker::Endpoint")
+
+
+def alarms(synth, kind):
+    """{construct id prefix (e.g. 'EndpointBusyRate'): alarm resource} of one endpoint stack."""
+    found = synth.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm")
+    return {re.sub(r"[0-9A-F]{8}$", "", logical_id).removeprefix("Endpoint"): alarm
+            for logical_id, alarm in found.items()}
+
+
+def logical_id(synth, kind, resource_type):
+    (found,) = synth.resources(ENDPOINT_STACKS[kind], resource_type)
+    return found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_has_its_own_stack_with_one_of_everything(pinned, kind):
+    template = pinned.assertions(ENDPOINT_STACKS[kind])
+    for resource_type in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
+                          "AWS::ApplicationAutoScaling::ScalableTarget", "AWS::ApplicationAutoScaling::ScalingPolicy",
+                          "AWS::IAM::Role", "AWS::Logs::LogGroup"):
+        template.resource_count_is(resource_type, 1)
+    assert endpoint(pinned, kind)["Properties"]["EndpointName"] == f"{pinned.prefix}-{kind.replace('_', '-')}"
+
+
+def test_stack_names_and_dependencies(pinned):
+    """Endpoint stacks import from artifacts and monitoring and export nothing: each can be destroyed alone."""
+    manifest = pinned.manifest()["artifacts"]
+    for kind, stack in ENDPOINT_STACKS.items():
+        name = pinned.stack_name(stack)
+        assert name == f"{pinned.prefix}-endpoint-{kind.replace('_', '-')}"
+        assert set(manifest[name]["dependencies"]) >= {f"{pinned.prefix}-artifacts", f"{pinned.prefix}-monitoring"}
+        assert "Outputs" not in pinned.template(stack) or not any(
+            "Export" in output for output in pinned.template(stack)["Outputs"].values())
+    for other in ("artifacts", "build", "monitoring"):
+        deps = manifest[pinned.stack_name(other)].get("dependencies", [])
+        assert not [d for d in deps if "-endpoint-" in d], (other, deps)
+
+
+def test_every_model_runs_network_isolated_on_the_pinned_archive(pinned):
+    for stack in ENDPOINT_STACKS.values():
+        pinned.assertions(stack).all_resources_properties("AWS::SageMaker::Model", {
+            "EnableNetworkIsolation": True,
+            "ExecutionRoleArn": {"Fn::GetAtt": [Match.string_like_regexp("^ExecutionRole"), "Arn"]},
+            "PrimaryContainer": Match.object_like({"ModelDataUrl": {"Fn::Join": ["", [
+                "s3://", {"Fn::ImportValue": Match.string_like_regexp(
+                    f"^{pinned.prefix}-artifacts:ExportsOutputRefArtifactBucket")},
+                f"/{MODEL_KEY}"]]}}),
+            "Tags": Match.array_with([{"Key": "model-gguf-sha256", "Value": MODEL_SHA256}]),
+        })
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_images_are_the_pinned_digests_in_the_project_repository(pinned, kind):
+    image = flatten(model(pinned, kind)["PrimaryContainer"]["Image"])
+    digest = TEST_PINS["images"][kind]
+    assert re.fullmatch(rf".*/{pinned.prefix}-artifacts:ExportsOutputRefImageRepository\w+@{digest}", image), image
+    assert ".dkr.ecr." in image and ":latest" not in image
+
+
+def test_container_environments(pinned):
+    cpu, text = settings(pinned, "cpu"), settings(pinned, "text_generation")
+    assert model(pinned, "cpu")["PrimaryContainer"]["Environment"] == {
+        "ADAPTER_THREADS": str(cpu["threads"]), "ADAPTER_GPU_LAYERS": "0"}
+    assert model(pinned, "gpu")["PrimaryContainer"]["Environment"] == {"ADAPTER_GPU_LAYERS": "-1"}
+    assert model(pinned, "text_generation")["PrimaryContainer"]["Environment"] == {
+        "SM_LLAMA_CPP_MODEL_DIR": "/opt/ml/model", "SM_LLAMA_CPP_CTX_SIZE": str(text["ctx_size"]),
+        "SM_LLAMA_CPP_THREADS": str(text["threads"]), "SM_LLAMA_CPP_PARALLEL": str(text["parallel"]),
+        "SM_LLAMA_CPP_ALIAS": "qwen3.5-4b"}
+
+
+def test_adapter_variables_exist_in_the_adapter_settings(dev):
+    """Every ADAPTER_* variable the stacks set is one that container/decision_adapter/settings.py reads."""
+    known = set(re.findall(r'"((?:ADAPTER|SAGEMAKER)_[A-Z_]+)"',
+                           (REPOSITORY_ROOT / "container" / "decision_adapter" / "settings.py").read_text()))
+    for kind in ADAPTER_KINDS:
+        assert set(model(dev, kind)["PrimaryContainer"]["Environment"]) <= known
+
+
+def test_the_gpu_variant_has_the_walkthrough_pools_in_both_environments(pinned):
+    """cdk.json sets no pools: both environments get the walkthrough's order, g6e first."""
+    assert "instance_pools" not in settings(pinned, "gpu")
+    config = settings(pinned, "gpu")
+    gpu = variant(pinned, "gpu")
+    assert "InstanceType" not in gpu
+    assert gpu["InstancePools"] == [{"InstanceType": t, "Priority": i} for i, t in enumerate(WALKTHROUGH_POOLS, 1)]
+    assert gpu["VariantInstanceProvisionTimeoutInSeconds"] == config["provision_timeout_s"]
+    assert gpu["InferenceAmiVersion"] == config["inference_ami_version"] == "al2023-ami-sagemaker-inference-gpu-4-1"
+    assert gpu["ContainerStartupHealthCheckTimeoutInSeconds"] == config["startup_health_check_timeout_s"]
+    assert gpu["ModelDataDownloadTimeoutInSeconds"] == config["model_download_timeout_s"]
+
+
+def test_pools_set_in_cdk_json_keep_their_order():
+    reordered = ["ml.g4dn.xlarge", "ml.g6e.xlarge", "ml.g6.xlarge"]
+
+    def edit(environment):
+        environment["gpu"]["instance_pools"] = reordered
+        environment["gpu"]["target_invocations_per_instance"] = {"ml.g4dn.xlarge": 90, "ml.g6e.xlarge": 400,
+                                                                 "ml.g6.xlarge": 200}
+    synth = cdk_testkit.synthesized_with("dev", edit)
+    pools = Capture()
+    synth.assertions("endpoint-gpu").has_resource_properties("AWS::SageMaker::EndpointConfig", {
+        "ProductionVariants": [Match.object_like({"InstancePools": pools, "InstanceType": Match.absent()})]})
+    assert pools.as_array() == [{"InstanceType": t, "Priority": i} for i, t in enumerate(reordered, 1)]
+    # The slowest pool's target: a fleet that fell back to T4s must not be loaded like L40Ss.
+    policy = one(synth, "gpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
+    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 90
+
+
+@pytest.mark.parametrize("kind", ["cpu", "text_generation"])
+def test_cpu_variants_have_an_instance_type_and_no_pools(pinned, kind):
+    config = settings(pinned, kind)
+    production_variant = variant(pinned, kind)
+    assert production_variant["InstanceType"] == config["instance_type"]
+    for absent in ("InstancePools", "VariantInstanceProvisionTimeoutInSeconds", "InferenceAmiVersion"):
+        assert absent not in production_variant
+    assert production_variant["InitialInstanceCount"] == config["initial_instance_count"]
+    assert production_variant["ContainerStartupHealthCheckTimeoutInSeconds"] == \
+        config["startup_health_check_timeout_s"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_adapter_variants_route_to_the_least_busy_instance(pinned, kind):
+    """The adapter answers a busy 503 beyond its queue: send requests where fewest are outstanding."""
+    routing = variant(pinned, kind).get("RoutingConfig")
+    if kind in ADAPTER_KINDS:
+        assert routing == {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
+    else:
+        assert routing is None
+
+
+def test_volumes_use_a_kms_key_except_on_instance_storage(pinned):
+    """EBS-backed CPU instances get their stack's KMS key; GPU pools (local NVMe, encrypted in hardware) must not."""
+    for kind in ("cpu", "text_generation"):
+        key = one(pinned, kind, "AWS::KMS::Key")
+        assert key["Properties"]["EnableKeyRotation"] is True
+        key_id = one(pinned, kind, "AWS::SageMaker::EndpointConfig")["Properties"]["KmsKeyId"]
+        assert flatten(key_id).startswith("<VolumeKey")
+    assert pinned.resources("endpoint-gpu", "AWS::KMS::Key") == {}
+    assert "KmsKeyId" not in one(pinned, "gpu", "AWS::SageMaker::EndpointConfig")["Properties"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scaling_tracks_invocations_with_the_instance_types_target(pinned, kind):
+    config = settings(pinned, kind)
+    target = one(pinned, kind, "AWS::ApplicationAutoScaling::ScalableTarget")["Properties"]
+    assert target["MinCapacity"] == config["initial_instance_count"]
+    assert target["MaxCapacity"] == config["max_instance_count"]
+    assert target["ScalableDimension"] == "sagemaker:variant:DesiredInstanceCount"
+    assert "RoleARN" not in target  # the service-linked role
+    assert flatten(target["ResourceId"]) == \
+        f"endpoint/<{logical_id(pinned, kind, 'AWS::SageMaker::Endpoint')}.EndpointName>/variant/AllTraffic"
+    targets = config["target_invocations_per_instance"]
+    policy = one(pinned, kind, "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
+    assert policy["TargetTrackingScalingPolicyConfiguration"] == {
+        "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+        "TargetValue": min(targets.values()),
+        "ScaleInCooldown": config["scale_in_cooldown_s"], "ScaleOutCooldown": config["scale_out_cooldown_s"]}
+    if kind == "gpu":
+        assert targets["ml.g6e.xlarge"] > targets["ml.g4dn.xlarge"]   # an L40S is not a T4
+
+
+def test_a_different_cpu_instance_type_gets_its_own_target():
+    def edit(environment):
+        environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
+        environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 120}
+    synth = cdk_testkit.synthesized_with("prod", edit)
+    policy = one(synth, "cpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
+    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 120
+    assert variant(synth, "cpu")["InstanceType"] == "ml.c7i.4xlarge"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_updates_keep_the_scaled_instance_count(pinned, kind):
+    properties = endpoint(pinned, kind)["Properties"]
+    assert properties["RetainAllVariantProperties"] is True
+    assert "ExcludeRetainedVariantProperties" not in properties and "RetainDeploymentConfig" not in properties
+
+
+def alarm_names(synth, kind, ids):
+    found = alarms(synth, kind)
+    return [{"AlarmName": {"Ref": next(lid for lid in synth.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm")
+                                       if lid.startswith(f"Endpoint{alarm_id}"))}} for alarm_id in ids
+            if alarm_id in found]
+
+
+ROLLBACK_ALARMS = ["Invocation5xxRate", "ModelLatencyP99", "BusyRate", "ScoringFailures", "DiskUtilization"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_updates_roll_back_on_the_error_latency_and_disk_alarms(pinned, kind):
+    deployment = endpoint(pinned, kind)["Properties"]["DeploymentConfig"]
+    rollback = deployment["AutoRollbackConfiguration"]["Alarms"]
+    assert rollback == alarm_names(pinned, kind, ROLLBACK_ALARMS)
+    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 3)
+    # Utilization is load, not a fault of the new version.
+    utilization = "GpuUtilization" if kind == "gpu" else "CpuUtilization"
+    assert utilization in alarms(pinned, kind) and alarm_names(pinned, kind, [utilization])[0] not in rollback
+
+
+def test_deployment_strategies_per_variant_and_fleet(pinned):
+    """GPU: rolling when the fleet has 2+ instances (prod), else blue/green; CPU: blue/green, canary with 2+."""
+    expected = {"dev": {"cpu": ("BlueGreen", "ALL_AT_ONCE"), "gpu": ("BlueGreen", "ALL_AT_ONCE"),
+                        "text_generation": ("BlueGreen", "ALL_AT_ONCE")},
+                "prod": {"cpu": ("BlueGreen", "CANARY"), "gpu": ("Rolling", None),
+                         "text_generation": ("BlueGreen", "ALL_AT_ONCE")}}[pinned.env]
+    for kind, (strategy, traffic) in expected.items():
+        deployment = endpoint(pinned, kind)["Properties"]["DeploymentConfig"]
+        if strategy == "Rolling":
+            policy = deployment["RollingUpdatePolicy"]
+            assert "BlueGreenUpdatePolicy" not in deployment
+            assert policy["MaximumBatchSize"] == {"Type": "CAPACITY_PERCENT", "Value": 50}
+            assert policy["RollbackMaximumBatchSize"] == {"Type": "CAPACITY_PERCENT", "Value": 100}
+            assert policy["WaitIntervalInSeconds"] == 600
+            assert settings(pinned, kind)["initial_instance_count"] >= 2   # 50 % of the fleet is a whole instance
+        else:
+            policy = deployment["BlueGreenUpdatePolicy"]
+            assert "RollingUpdatePolicy" not in deployment
+            routing = policy["TrafficRoutingConfiguration"]
+            assert routing["Type"] == traffic and routing["WaitIntervalInSeconds"] == 600
+            assert policy["TerminationWaitInSeconds"] == 600
+            if traffic == "CANARY":
+                assert routing["CanarySize"] == {"Type": "INSTANCE_COUNT", "Value": 1}
+                assert settings(pinned, kind)["initial_instance_count"] >= 2
+        assert 600 <= policy["MaximumExecutionTimeoutInSeconds"] <= 28800
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind):
+    found = alarms(pinned, kind)
+    expected = {"Invocation5xxRate", "ModelLatencyP99", "DiskUtilization",
+                "GpuUtilization" if kind == "gpu" else "CpuUtilization"}
+    if kind in ADAPTER_KINDS:
+        expected |= {"BusyRate", "ScoringFailures"}
+    assert set(found) == expected
+    name = f"{pinned.prefix}-{kind.replace('_', '-')}"
+    for alarm_id, alarm in found.items():
+        properties = alarm["Properties"]
+        for actions in ("AlarmActions", "OKActions"):
+            (topic,) = properties[actions]
+            assert flatten(topic).startswith(f"{pinned.prefix}-monitoring:ExportsOutputRefAlarmTopic"), alarm_id
+        assert properties["TreatMissingData"] == "notBreaching"
+        dimensions = [d for m in properties.get("Metrics", [properties]) for d in
+                      m.get("MetricStat", {}).get("Metric", m).get("Dimensions", [])]
+        if alarm_id not in ("BusyRate", "ScoringFailures"):
+            assert {"Name": "EndpointName", "Value": name} in dimensions, alarm_id
+
+
+def test_latency_alarm_uses_the_endpoints_p99_target(pinned):
+    for kind in KINDS:
+        properties = alarms(pinned, kind)["ModelLatencyP99"]["Properties"]
+        assert properties["ExtendedStatistic"] == "p99" and properties["MetricName"] == "ModelLatency"
+        assert properties["Namespace"] == "AWS/SageMaker"
+        # ModelLatency is reported in microseconds.
+        assert properties["Threshold"] == settings(pinned, kind)["model_latency_p99_ms"] * 1000
+
+
+def test_error_and_busy_rates_are_metric_math(pinned):
+    error = alarms(pinned, "cpu")["Invocation5xxRate"]["Properties"]
+    expression = [m for m in error["Metrics"] if "Expression" in m]
+    assert expression[0]["Expression"] == "IF(invocations > 0, 100 * errors / invocations, 0)"
+    assert {m["MetricStat"]["Metric"]["MetricName"] for m in error["Metrics"] if "MetricStat" in m} == {
+        "Invocation5XXErrors", "Invocations"}
+    assert error["Threshold"] == 5
+    busy = alarms(pinned, "cpu")["BusyRate"]["Properties"]
+    namespaces = {m["MetricStat"]["Metric"]["Namespace"] for m in busy["Metrics"] if "MetricStat" in m}
+    assert namespaces == {f"DecisionAdapter/{pinned.prefix}-cpu"}
+
+
+def test_the_adapter_log_lines_feed_the_busy_and_failure_metrics(pinned):
+    """Metric filters on the adapter's JSON request log: the fields logger, message and status are its contract."""
+    for kind in KINDS:
+        filters = {f["Properties"]["MetricTransformations"][0]["MetricName"]: f["Properties"]
+                   for f in pinned.resources(ENDPOINT_STACKS[kind], "AWS::Logs::MetricFilter").values()}
+        if kind not in ADAPTER_KINDS:
+            assert filters == {}
+            continue
+        assert set(filters) == {"Requests", "BusyResponses", "ScoringFailures"}
+        log_group = logical_id(pinned, kind, "AWS::Logs::LogGroup")
+        for metric_filter in filters.values():
+            assert metric_filter["LogGroupName"] == {"Ref": log_group}
+            (transformation,) = metric_filter["MetricTransformations"]
+            assert transformation["MetricNamespace"] == f"DecisionAdapter/{pinned.prefix}-{kind}"
+            assert (transformation["MetricValue"], transformation["DefaultValue"]) == ("1", 0)
+        assert filters["BusyResponses"]["FilterPattern"] == \
+            '{ $.logger = "decision_adapter.requests" && $.message = "request" && $.status = 503 }'
+        assert filters["ScoringFailures"]["FilterPattern"] == \
+            '{ $.logger = "decision_adapter.app" && $.message = "scoring failed" }'
+
+
+def test_the_filter_patterns_match_the_adapters_log_lines():
+    """The patterns, read as CloudWatch reads JSON patterns, select exactly the lines the adapter writes."""
+    from stacks.endpoint_specs import _adapter_log_metrics
+
+    def matches(pattern: str, line: dict) -> bool:
+        clauses = re.findall(r'\$\.(\w+) = ("[^"]*"|\d+)', pattern)
+        return all(str(line.get(key)) == value.strip('"') for key, value in clauses)
+
+    busy = {"level": "info", "logger": "decision_adapter.requests", "message": "request", "status": 503}
+    ok = {**busy, "status": 200}
+    failure = {"level": "error", "logger": "decision_adapter.app", "message": "scoring failed"}
+    patterns = {m.metric_name: m.pattern for m in _adapter_log_metrics()}
+    assert [matches(patterns["BusyResponses"], line) for line in (busy, ok, failure)] == [True, False, False]
+    assert [matches(patterns["Requests"], line) for line in (busy, ok, failure)] == [True, True, False]
+    assert [matches(patterns["ScoringFailures"], line) for line in (busy, ok, failure)] == [False, False, True]
+
+
+def test_endpoints_have_stable_names_and_generated_configs(pinned):
+    for kind in KINDS:
+        for resource_type in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig"):
+            assert not {"ModelName", "EndpointConfigName"} & set(one(pinned, kind, resource_type)["Properties"])
+        assert not any("AlarmName" in a["Properties"] for a in alarms(pinned, kind).values())
+
+
+def test_log_groups_exist_before_the_endpoints(pinned):
+    for kind in KINDS:
+        group = one(pinned, kind, "AWS::Logs::LogGroup")
+        assert group["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{pinned.prefix}-{kind.replace('_', '-')}"
+        assert logical_id(pinned, kind, "AWS::Logs::LogGroup") in endpoint(pinned, kind)["DependsOn"]
+
+
+def grants_of(synth, kind):
+    found = {}
+    for _, statement in statements(synth.template(ENDPOINT_STACKS[kind])):
+        assert statement["Effect"] == "Allow"
+        for action in as_list(statement["Action"]):
+            found.setdefault(action, []).append(statement)
+    return found
+
+
+def resources_of(statements_list):
+    return [flatten(r) for s in statements_list for r in as_list(s["Resource"])]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_execution_role_reads_the_model_and_pulls_from_the_one_repository(pinned, kind):
+    found = grants_of(pinned, kind)
+    export = f"{pinned.prefix}-artifacts:ArtifactBucketArn"
+    get_objects = resources_of(found["s3:GetObject"])
+    assert f"{export}/{MODEL_KEY}" in get_objects
+    for action in ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"):
+        (repository,) = resources_of(found[action])
+        assert "ImageRepository" in repository
+    assert resources_of(found["ecr:GetAuthorizationToken"]) == ["*"]
+    assert not [a for a in found if "*" in a]
+    assert sorted(a for a in found if "*" in resources_of(found[a])) == [
+        "cloudwatch:PutMetricData", "ecr:GetAuthorizationToken"]
+    assert not [a for a in found if a.startswith(("ecr:Put", "s3:Delete"))]
+    if kind in ADAPTER_KINDS:   # Batch Transform: read the input prefix, write the output prefix
+        assert sorted(get_objects) == sorted([f"{export}/{MODEL_KEY}", f"{export}/batch/input/*"])
+        assert resources_of(found["s3:PutObject"]) == [f"{export}/batch/output/*"]
+        (list_bucket,) = found["s3:ListBucket"]
+        assert list_bucket["Condition"] == {"StringLike": {"s3:prefix": ["batch/input/*"]}}
+    else:
+        assert get_objects == [f"{export}/{MODEL_KEY}"] and "s3:PutObject" not in found
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_role_writes_its_log_group_but_cannot_create_log_groups(pinned, kind):
+    found = grants_of(pinned, kind)
+    assert "logs:CreateLogGroup" not in found
+    group = logical_id(pinned, kind, "AWS::Logs::LogGroup")
+    assert f"<{group}.Arn>" in resources_of(found["logs:PutLogEvents"])
+    assert f"<{group}.Arn>" in resources_of(found["logs:DescribeLogStreams"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_role_publishes_instance_metrics_in_sagemakers_namespace_only(pinned, kind):
+    (statement,) = grants_of(pinned, kind)["cloudwatch:PutMetricData"]
+    namespaces = statement["Condition"]["StringEquals"]["cloudwatch:namespace"]
+    assert as_list(namespaces)[0] == "/aws/sagemaker/Endpoints"
+    assert set(as_list(namespaces)) <= {"/aws/sagemaker/Endpoints", "/aws/sagemaker/TransformJobs"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_role_reads_exactly_the_rollback_alarms(pinned, kind):
+    (statement,) = grants_of(pinned, kind)["cloudwatch:DescribeAlarms"]
+    rollback = [a["AlarmName"]["Ref"] for a in
+                endpoint(pinned, kind)["Properties"]["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
+    assert sorted(resources_of([statement])) == sorted(f"<{lid}.Arn>" for lid in rollback)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_sagemaker_of_this_account_assumes_the_role(pinned, kind):
+    (statement,) = one(pinned, kind, "AWS::IAM::Role")["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": "sagemaker.amazonaws.com"}
+    assert statement["Action"] == "sts:AssumeRole"
+    assert statement["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+
+
+def test_models_and_endpoints_wait_for_the_execution_role_policy(pinned):
+    for kind in KINDS:
+        for resource_type in ("AWS::SageMaker::Model", "AWS::SageMaker::Endpoint"):
+            assert any(d.startswith("ExecutionRoleDefaultPolicy") for d in one(pinned, kind, resource_type)["DependsOn"])
+
+
+def test_a_pin_outside_the_project_repository_gets_its_own_pull_grant():
+    uri = "763104351884.dkr.ecr.us-east-1.amazonaws.com/llama-cpp@sha256:" + "9" * 64
+    synth = cdk_testkit.synthesized_with("dev", lambda e: e["pins"]["images"].__setitem__("text_generation", uri))
+    assert model(synth, "text_generation")["PrimaryContainer"]["Image"] == uri
+    assert resources_of(grants_of(synth, "text_generation")["ecr:BatchGetImage"]) == [
+        "arn:aws:ecr:us-east-1:763104351884:repository/llama-cpp"]
+    # The CPU and GPU images stay in the project repository.
+    assert "ImageRepository" in resources_of(grants_of(synth, "cpu")["ecr:BatchGetImage"])[0]
+
+
+def test_a_fresh_clone_leaves_the_endpoints_out_and_says_which_keys_to_set(fresh_clone):
+    for stack in ENDPOINT_STACKS.values():
+        resources = fresh_clone.template(stack)["Resources"]
+        resources.pop("CDKMetadata", None)
+        # Only the no-op placeholder that keeps the template valid; no role, key or endpoint yet.
+        assert [r["Type"] for r in resources.values()] == ["AWS::CloudFormation::WaitConditionHandle"]
+    warnings = [w for w in fresh_clone.warnings() if "endpoint is left out" in w]
+    env = fresh_clone.env
+    assert sorted(warnings) == sorted(
+        f"The {kind} endpoint is left out until environments.{env}.pins.images.{kind} and "
+        f"environments.{env}.pins.model are set in cdk.json (README.md, Deploy)." for kind in KINDS)
+    # The artifacts, build and monitoring stacks do not wait for pins.
+    assert fresh_clone.resources("build", "AWS::CodeBuild::Project")
+    assert fresh_clone.resources("artifacts", "AWS::ECR::Repository")
+    assert fresh_clone.resources("monitoring", "AWS::SNS::Topic")
+
+
+def test_only_listed_and_pinned_endpoints_are_created():
+    def edit(environment):
+        environment["pins"]["images"]["gpu"] = None
+        environment["endpoints"] = ["cpu", "gpu"]
+    synth = cdk_testkit.synthesized_with("prod", edit)
+    assert [e["Properties"]["EndpointName"] for e in synth.resources("endpoint-cpu", "AWS::SageMaker::Endpoint")
+            .values()] == ["decision-prod-cpu"]
+    for stack in ("endpoint-gpu", "endpoint-text-generation"):   # unpinned; not listed
+        assert synth.resources(stack, "AWS::SageMaker::Endpoint") == {}
+        assert synth.resources(stack, "AWS::CloudFormation::WaitConditionHandle")
+    assert [w for w in synth.warnings() if "left out" in w] == [
+        "The gpu endpoint is left out until environments.prod.pins.images.gpu is set in cdk.json (README.md, "
+        "Deploy)."]
+
+
+def test_outputs_name_the_endpoint_model_and_transform_instance(pinned):
+    for kind in KINDS:
+        outputs = pinned.template(ENDPOINT_STACKS[kind])["Outputs"]
+        assert flatten(outputs["EndpointName"]["Value"]).endswith(".EndpointName>")
+        assert flatten(outputs["ModelName"]["Value"]).endswith(".ModelName>")
+        if kind in ADAPTER_KINDS:
+            expected = (settings(pinned, kind).get("instance_type") or WALKTHROUGH_POOLS[0])
+            assert outputs["TransformInstanceType"]["Value"] == expected
+        else:
+            assert "TransformInstanceType" not in outputs
