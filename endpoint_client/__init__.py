@@ -1,5 +1,12 @@
-"""Invokes a SageMaker endpoint with a request file: ``python -m endpoint_client --endpoint-name NAME --file F``.
+"""Operator commands for the deployed endpoints: ``python -m endpoint_client ...``.
 
-``invoke`` owns the retry policy (capped exponential backoff with full jitter on 503, throttling and other
-transient answers); ``cli`` owns arguments, exit codes and output.
+- invoke (the default): sends a request file to an endpoint (``--endpoint-name NAME --file F``); ``invoke`` owns
+  the retry policy (capped exponential backoff with full jitter on 503, throttling and other transient answers),
+  ``cli`` owns arguments, exit codes and output;
+- ``check-pins -c env=NAME [--protect]`` (``pins``): every digest and model key cdk.json pins exists, and pinned
+  images are protected from the repository's lifecycle rules;
+- ``transform -c env=NAME --endpoint cpu --input s3://...`` (``transform``): a Batch Transform job on an endpoint
+  stack's model, waited for.
+
+``deployment`` is what the last two share: cdk.json read with the CDK app's own validation, and stack outputs.
 """

@@ -62,6 +62,20 @@ def test_the_repository_is_immutable_scanned_and_lifecycled(pinned):
     assert all(r["selection"]["tagStatus"] == "tagged" for r in policy["rules"])
 
 
+def test_pinned_images_cannot_be_expired_by_the_per_kind_rules(pinned):
+    """ECR applies the rules by priority, and a rule cannot expire an image that a higher-priority rule selects:
+    an image tagged pinned-<digest> (check-pins --protect) is selected by rule 1, which keeps 9999 of them."""
+    from endpoint_client.pins import protective_tag
+    repository = pinned.resource("artifacts", "AWS::ECR::Repository", "ImageRepository")
+    rules = json.loads(repository["Properties"]["LifecyclePolicy"]["LifecyclePolicyText"])["rules"]
+    first = min(rules, key=lambda rule: rule["rulePriority"])
+    tag = protective_tag("sha256:" + "ab" * 32)
+    assert tag.startswith(tuple(first["selection"]["tagPrefixList"])) and len(tag) <= 128
+    assert first["selection"]["countType"] == "imageCountMoreThan" and first["action"] == {"type": "expire"}
+    assert not any(tag.startswith(prefix) for rule in rules if rule is not first
+                   for prefix in rule["selection"]["tagPrefixList"])
+
+
 def test_no_fixed_bucket_names(pinned):
     for bucket in buckets(pinned):
         assert "BucketName" not in bucket["Properties"]

@@ -1,0 +1,98 @@
+"""What the operator commands (check-pins, transform) know about a deployment, without the CDK.
+
+They read an environment from cdk.json with the CDK app's own validation (stacks/config.py, which imports no
+CDK), and the names CloudFormation generated from the stacks' outputs: the artifacts stack's bucket and
+repository, an endpoint stack's Model. Both commands take ``-c env=NAME`` as ``npx cdk`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from stacks.config import ConfigError, EnvironmentConfig, load_environment
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CONFIGURATION = 0, 1, 2, 4
+
+
+class CommandError(Exception):
+    """A failure the command reports on one line and exits with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
+                        help="as for npx cdk; env=NAME chooses the cdk.json environment (required)")
+    parser.add_argument("--cdk-json", type=Path, default=Path("cdk.json"),
+                        help="the CDK app's cdk.json (default ./cdk.json; model_build/pins.json beside it)")
+    parser.add_argument("--region", help="AWS region (default: the environment's in cdk.json, else the AWS "
+                                         "configuration's)")
+    parser.add_argument("--endpoint-url", help="another endpoint for every AWS API (tests)")
+
+
+def load_config(args: argparse.Namespace) -> EnvironmentConfig:
+    context = {}
+    for pair in args.context:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise CommandError(f"-c {pair}: expected KEY=VALUE")
+        context[key] = value
+    try:
+        cdk_json = json.loads(args.cdk_json.read_text())
+        pins = json.loads((args.cdk_json.resolve().parent / "model_build" / "pins.json").read_text())
+    except (OSError, ValueError) as error:
+        raise CommandError(f"cannot read {args.cdk_json} or its model_build/pins.json: {error}") from None
+    try:
+        return load_environment(cdk_json.get("context", {}).get("environments"), context.get("env"),
+                                model_pins=sorted(pins["pins"]))
+    except ConfigError as error:
+        raise CommandError(f"cdk.json: {error}") from None
+
+
+@dataclass
+class Aws:
+    """Clients of one session (region, endpoint) with the SDK's standard retries."""
+    session: boto3.session.Session
+    endpoint_url: str | None
+
+    def client(self, service: str) -> Any:
+        return self.session.client(service, endpoint_url=self.endpoint_url,
+                                   config=Config(retries={"mode": "standard", "max_attempts": 5}))
+
+
+def aws_for(args: argparse.Namespace, config: EnvironmentConfig) -> Aws:
+    session = boto3.session.Session(region_name=args.region or config.region)
+    if session.region_name is None:
+        raise CommandError("no AWS region: pass --region, set it in cdk.json or configure one", EXIT_CONFIGURATION)
+    return Aws(session=session, endpoint_url=args.endpoint_url)
+
+
+def stack_outputs(cloudformation: Any, stack_name: str, required: Sequence[str]) -> dict[str, str]:
+    """The stack's outputs by key; CommandError when the stack or one of ``required`` is missing."""
+    try:
+        (stack,) = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ValidationError":
+            raise CommandError(f"stack {stack_name} is not deployed (npx cdk deploy {stack_name})",
+                               EXIT_FAILED) from None
+        raise
+    outputs = {output["OutputKey"]: output["OutputValue"] for output in stack.get("Outputs", [])}
+    missing = [key for key in required if key not in outputs]
+    if missing:
+        raise CommandError(f"stack {stack_name} has no output {', '.join(missing)} (deployed from an older "
+                           f"version, or without its endpoint?)", EXIT_FAILED)
+    return outputs
+
+
+def error_code(error: ClientError) -> str:
+    return error.response.get("Error", {}).get("Code", "")

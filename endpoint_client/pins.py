@@ -1,0 +1,138 @@
+"""``python -m endpoint_client check-pins -c env=NAME [--protect]``: are the pins of cdk.json there to deploy?
+
+Before ``npx cdk deploy``, for every endpoint the environment lists: the pinned image digest exists in its
+repository (the project repository from the artifacts stack's outputs, or the private ECR repository of a pinned
+URI), and the pinned model archive exists in the artifact bucket. An image in the project repository must also
+carry its protective tag ``pinned-<digest hex>``, which the repository's first lifecycle rule never expires
+(stacks/artifacts_stack.py); ``--protect`` adds the tags that are missing (ECR PutImage of the same manifest
+under one more tag: the repository's tags are immutable, the digest stays).
+
+Prints one line per pin; exit codes: 0 every pin exists (and is protected), 1 a pin is missing or unprotected,
+2 bad arguments or cdk.json, 4 no region or credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
+                                        add_common_arguments, aws_for, error_code, load_config, stack_outputs)
+from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
+
+
+def protective_tag(digest: str) -> str:
+    """The tag that keeps an image from lifecycle expiry: pinned-<64 hex> (71 characters; ECR allows 128)."""
+    return PINNED_TAG_PREFIX + digest.removeprefix("sha256:")
+
+
+@dataclass(frozen=True)
+class PinStatus:
+    key: str                 # the cdk.json key path of the pin
+    target: str              # what it names (an image, an S3 object)
+    exists: bool
+    protected: bool | None   # None where protection does not apply (the model, other repositories)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.exists and self.protected is not False
+
+    def line(self) -> str:
+        state = "missing" if not self.exists else "unprotected" if self.protected is False else "ok"
+        return f"{state:11} {self.key}: {self.target}" + (f" ({self.note})" if self.note else "")
+
+
+def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[PinStatus]:
+    outputs = stack_outputs(aws.client("cloudformation"), config.artifacts_stack_name,
+                            ["ArtifactBucketName", "ImageRepositoryUri"])
+    registry, _, repository = outputs["ImageRepositoryUri"].partition("/")
+    ecr = aws.client("ecr")
+    statuses = []
+    for kind in config.endpoints:
+        image = getattr(config.pins.images, kind)
+        key = config.key("pins", "images", kind)
+        if image is None:
+            statuses.append(PinStatus(key, "not pinned", exists=True, protected=None,
+                                      note=f"the {kind} endpoint stays out of the deployment"))
+        elif image.repository is None:
+            statuses.append(_project_image(ecr, key, registry.split(".")[0], repository, image.digest, protect))
+        else:
+            found = _image_tags(ecr, image.repository.account, image.repository.name, image.digest) is not None
+            statuses.append(PinStatus(key, f"{image.repository.uri}@{image.digest}", exists=found, protected=None,
+                                      note="another repository: its own lifecycle rules apply"))
+    if config.pins.model is not None:
+        bucket, object_key = outputs["ArtifactBucketName"], config.pins.model.s3_key
+        statuses.append(PinStatus(config.key("pins", "model"), f"s3://{bucket}/{object_key}",
+                                  exists=_object_exists(aws.client("s3"), bucket, object_key), protected=None))
+    return statuses
+
+
+def _project_image(ecr: Any, key: str, registry_id: str, repository: str, digest: str,
+                   protect: bool) -> PinStatus:
+    target = f"{repository}@{digest}"
+    tags = _image_tags(ecr, registry_id, repository, digest)
+    if tags is None:
+        return PinStatus(key, target, exists=False, protected=None)
+    tag = protective_tag(digest)
+    if tag in tags:
+        return PinStatus(key, target, exists=True, protected=True)
+    if not protect:
+        return PinStatus(key, target, exists=True, protected=False, note=f"run with --protect to tag it {tag}")
+    (image,) = ecr.batch_get_image(registryId=registry_id, repositoryName=repository,
+                                   imageIds=[{"imageDigest": digest}])["images"]
+    try:
+        ecr.put_image(registryId=registry_id, repositoryName=repository, imageManifest=image["imageManifest"],
+                      imageManifestMediaType=image["imageManifestMediaType"], imageTag=tag, imageDigest=digest)
+    except ClientError as error:
+        if error_code(error) != "ImageAlreadyExistsException":   # tagged meanwhile
+            raise
+    return PinStatus(key, target, exists=True, protected=True, note=f"tagged {tag} now")
+
+
+def _image_tags(ecr: Any, registry_id: str, repository: str, digest: str) -> list[str] | None:
+    try:
+        (details,) = ecr.describe_images(registryId=registry_id, repositoryName=repository,
+                                         imageIds=[{"imageDigest": digest}])["imageDetails"]
+    except ClientError as error:
+        if error_code(error) in ("ImageNotFoundException", "RepositoryNotFoundException"):
+            return None
+        raise
+    return details.get("imageTags", [])
+
+
+def _object_exists(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error_code(error) in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m endpoint_client check-pins",
+        description="Check that every image digest and model archive cdk.json pins exists (before a deploy); "
+                    "--protect tags pinned images so that the repository's lifecycle rules never expire them.")
+    add_common_arguments(parser)
+    parser.add_argument("--protect", action="store_true",
+                        help=f"tag each pinned image of the project repository {PINNED_TAG_PREFIX}<digest hex>")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args)
+        statuses = check_pins(config, aws_for(args, config), protect=args.protect)
+    except CommandError as error:
+        print(f"endpoint_client check-pins: {error}", file=sys.stderr)
+        return error.exit_code
+    except (NoCredentialsError, PartialCredentialsError) as error:
+        print(f"endpoint_client check-pins: no AWS credentials: {error}", file=sys.stderr)
+        return EXIT_CONFIGURATION
+    for status in statuses:
+        print(status.line())
+    return EXIT_OK if all(status.ok for status in statuses) else EXIT_FAILED

@@ -1,0 +1,232 @@
+"""``python -m endpoint_client transform -c env=NAME --endpoint cpu --input s3://...``: a Batch Transform job.
+
+Runs the endpoint stack's pinned Model (its ``ModelName`` output) over JSON-lines files: each line one request
+object (``{"decision": ...}``, ``{"decisions": [...]}`` or a System One body), each output line the result of the
+input line at the same place, in ``<input file>.out`` under the output prefix. The job splits the files by line
+(SplitType Line), packs as many lines into one request as fit (BatchStrategy MultiRecord, up to MaxPayloadInMB)
+and joins the results by line (AssembleWith Line).
+
+MaxPayloadInMB is what the container answers at ``GET /execution-parameters``: read from ``--execution-parameters
+URL`` when a container is at hand (e.g. ``make run``'s, or an image under test), else the contract's 6 MB.
+MaxConcurrentTransforms is left to SageMaker, which asks the container the same question.
+
+The model's execution role reads only ``batch/input/`` and writes only ``batch/output/`` of the artifact bucket
+(stacks/endpoint_stack.py); the command refuses other locations rather than start a job that fails later. It
+waits, printing the job's status and how many input files have their output, then prints the output location
+(JSON on stdout). Exit codes: 0 completed (or started, with --no-wait), 1 failed or stopped, 2 bad arguments or
+input, 4 no region or credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+
+from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Aws, CommandError,
+                                        add_common_arguments, aws_for, error_code, load_config, stack_outputs)
+from stacks.config import ADAPTER_KINDS, BATCH_INPUT_PREFIX as INPUT_PREFIX
+from stacks.config import BATCH_OUTPUT_PREFIX as OUTPUT_PREFIX, TRANSFORM_LOG_GROUP
+
+# The contract (shared/design/contract.md, GET /execution-parameters): the adapter honours at least 6 MB.
+CONTRACT_MAX_PAYLOAD_MB = 6
+JSON_LINES = "application/jsonlines"
+TERMINAL = ("Completed", "Failed", "Stopped")
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, uri: str) -> "S3Location":
+        if not uri.startswith("s3://") or "/" not in uri[5:]:
+            raise CommandError(f"{uri!r} is not an S3 URI (s3://bucket/prefix/)")
+        bucket, _, key = uri[5:].partition("/")
+        return cls(bucket, key)
+
+    @property
+    def uri(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+@dataclass(frozen=True)
+class ExecutionParameters:
+    max_payload_mb: int
+    max_concurrent_transforms: int | None    # None: SageMaker asks the container
+
+
+def execution_parameters(url: str | None, max_payload_mb: int | None) -> ExecutionParameters:
+    """The container's answer at GET /execution-parameters (when url is given), or the contract's values."""
+    if url is None:
+        return ExecutionParameters(max_payload_mb or CONTRACT_MAX_PAYLOAD_MB, None)
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            answer = json.loads(response.read())
+    except (OSError, ValueError) as error:
+        raise CommandError(f"GET {url}: {error}") from None
+    if answer.get("BatchStrategy") != "MULTI_RECORD":
+        raise CommandError(f"{url} answers BatchStrategy {answer.get('BatchStrategy')!r}; this runner sends "
+                           f"MultiRecord batches")
+    payload = answer.get("MaxPayloadInMB")
+    if not isinstance(payload, int) or payload < 1:
+        raise CommandError(f"{url} answers no MaxPayloadInMB: {answer}")
+    if max_payload_mb is not None and max_payload_mb > payload:
+        raise CommandError(f"--max-payload-mb {max_payload_mb} is above the container's {payload}")
+    concurrent = answer.get("MaxConcurrentTransforms")
+    return ExecutionParameters(max_payload_mb or payload, concurrent if isinstance(concurrent, int) else None)
+
+
+@dataclass(frozen=True)
+class TransformPlan:
+    job_name: str
+    model_name: str
+    input: S3Location
+    output: S3Location
+    input_keys: tuple[str, ...]
+    instance_type: str
+    instance_count: int
+    parameters: ExecutionParameters
+
+    def request(self, tags: dict[str, str]) -> dict[str, Any]:
+        request = {
+            "TransformJobName": self.job_name, "ModelName": self.model_name,
+            "BatchStrategy": "MultiRecord", "MaxPayloadInMB": self.parameters.max_payload_mb,
+            "TransformInput": {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": self.input.uri}},
+                               "ContentType": JSON_LINES, "SplitType": "Line", "CompressionType": "None"},
+            "TransformOutput": {"S3OutputPath": self.output.uri, "Accept": JSON_LINES, "AssembleWith": "Line"},
+            "TransformResources": {"InstanceType": self.instance_type, "InstanceCount": self.instance_count},
+            "Tags": [{"Key": key, "Value": value} for key, value in sorted(tags.items())],
+        }
+        if self.parameters.max_concurrent_transforms is not None:
+            request["MaxConcurrentTransforms"] = self.parameters.max_concurrent_transforms
+        return request
+
+
+def plan(args: argparse.Namespace, aws: Aws, config: Any, now: datetime) -> TransformPlan:
+    cloudformation = aws.client("cloudformation")
+    bucket = stack_outputs(cloudformation, config.artifacts_stack_name, ["ArtifactBucketName"])["ArtifactBucketName"]
+    endpoint_outputs = stack_outputs(cloudformation, config.endpoint_stack_name(args.endpoint),
+                                     ["ModelName", "TransformInstanceType"])
+    source = S3Location.parse(args.input)
+    if source.bucket != bucket or not source.key.startswith(INPUT_PREFIX):
+        raise CommandError(f"the input must be under s3://{bucket}/{INPUT_PREFIX}, the only input the execution "
+                           f"role reads (got {source.uri})")
+    job_name = args.job_name or f"{config.endpoint_name(args.endpoint)}-{now:%Y%m%d-%H%M%S}"[:63]
+    target = S3Location.parse(args.output) if args.output else S3Location(bucket, f"{OUTPUT_PREFIX}{job_name}/")
+    if target.bucket != bucket or not target.key.startswith(OUTPUT_PREFIX):
+        raise CommandError(f"the output must be under s3://{bucket}/{OUTPUT_PREFIX}, the only place the execution "
+                           f"role writes (got {target.uri})")
+    keys = tuple(_keys(aws.client("s3"), source))
+    if not keys:
+        raise CommandError(f"no input objects under {source.uri}")
+    return TransformPlan(job_name=job_name, model_name=endpoint_outputs["ModelName"], input=source, output=target,
+                         input_keys=keys, instance_type=args.instance_type or endpoint_outputs["TransformInstanceType"],
+                         instance_count=args.instance_count,
+                         parameters=execution_parameters(args.execution_parameters, args.max_payload_mb))
+
+
+def _keys(s3: Any, location: S3Location) -> list[str]:
+    keys = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=location.key):
+        keys += [item["Key"] for item in page.get("Contents", []) if not item["Key"].endswith("/")]
+    return keys
+
+
+def _ensure_log_group(logs: Any) -> None:
+    # All transform jobs of an account log here; the execution role may write to it but not create it.
+    try:
+        logs.create_log_group(logGroupName=TRANSFORM_LOG_GROUP)
+    except ClientError as error:
+        if error_code(error) != "ResourceAlreadyExistsException":
+            raise
+
+
+def wait(aws: Aws, job: TransformPlan, *, poll_s: float, report: Callable[[str], None],
+         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Poll the job until it ends; report its status and the input files whose output exists, when they change."""
+    sagemaker, s3 = aws.client("sagemaker"), aws.client("s3")
+    started, last = clock(), None
+    expected = {_output_key(job, key) for key in job.input_keys}
+    while True:
+        description = sagemaker.describe_transform_job(TransformJobName=job.job_name)
+        status = description["TransformJobStatus"]
+        done = len(expected & set(_keys(s3, job.output)))
+        line = f"{status}: {done}/{len(expected)} input files done"
+        if line != last:
+            elapsed = int(clock() - started)
+            report(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {job.job_name} {line}")
+            last = line
+        if status in TERMINAL:
+            return {**description, "OutputsDone": done}
+        sleep(poll_s)
+
+
+def _output_key(job: TransformPlan, input_key: str) -> str:
+    # SageMaker keeps an input file's path below the input prefix and appends .out.
+    return job.output.key + input_key[len(job.input.key):].lstrip("/") + ".out"
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m endpoint_client transform",
+        description="Run a Batch Transform job on an endpoint stack's pinned model over S3 JSON-lines files "
+                    "(SplitType Line, BatchStrategy MultiRecord, AssembleWith Line) and wait for it.")
+    add_common_arguments(parser)
+    parser.add_argument("--endpoint", choices=ADAPTER_KINDS, default="cpu",
+                        help="whose stack's model to run (default cpu)")
+    parser.add_argument("--input", required=True, help="s3://<artifact bucket>/batch/input/<prefix>/")
+    parser.add_argument("--output", help="default s3://<artifact bucket>/batch/output/<job name>/")
+    parser.add_argument("--job-name", help="default <endpoint name>-<UTC time>")
+    parser.add_argument("--instance-type", help="default the stack's TransformInstanceType output")
+    parser.add_argument("--instance-count", type=int, default=1)
+    parser.add_argument("--execution-parameters", metavar="URL",
+                        help="a running container's /execution-parameters, e.g. http://127.0.0.1:8080/"
+                             "execution-parameters (default: the contract's 6 MB)")
+    parser.add_argument("--max-payload-mb", type=int, help="at most the container's MaxPayloadInMB")
+    parser.add_argument("--poll-interval", type=float, default=30.0, help="seconds between status checks")
+    parser.add_argument("--no-wait", action="store_true", help="start the job and print it, do not wait")
+    args = parser.parse_args(argv)
+    report = lambda message: print(f"endpoint_client transform: {message}", file=sys.stderr)  # noqa: E731
+    if args.instance_count < 1 or (args.max_payload_mb is not None and args.max_payload_mb < 1):
+        report("--instance-count and --max-payload-mb must be at least 1")
+        return EXIT_USAGE
+    try:
+        config = load_config(args)
+        aws = aws_for(args, config)
+        job = plan(args, aws, config, datetime.now(timezone.utc))
+        _ensure_log_group(aws.client("logs"))
+        arn = aws.client("sagemaker").create_transform_job(**job.request({
+            "endpoint-kind": args.endpoint, "environment": config.name}))["TransformJobArn"]
+        report(f"started {arn}: {len(job.input_keys)} input files, MultiRecord batches up to "
+               f"{job.parameters.max_payload_mb} MB, {job.instance_count} x {job.instance_type}")
+        result = {"job": job.job_name, "arn": arn, "input": job.input.uri, "output": job.output.uri}
+        if args.no_wait:
+            print(json.dumps({**result, "status": "InProgress"}))
+            return EXIT_OK
+        description = wait(aws, job, poll_s=args.poll_interval, report=report)
+    except CommandError as error:
+        report(str(error))
+        return error.exit_code
+    except (NoCredentialsError, PartialCredentialsError) as error:
+        report(f"no AWS credentials: {error}")
+        return EXIT_CONFIGURATION
+    except ClientError as error:
+        report(f"{error_code(error)}: {error}")
+        return EXIT_FAILED
+    status = description["TransformJobStatus"]
+    print(json.dumps({**result, "status": status, "outputs": description["OutputsDone"],
+                      **({"failure": description["FailureReason"]} if description.get("FailureReason") else {})}))
+    if status != "Completed":
+        report(f"{job.job_name} {status}: {description.get('FailureReason') or 'no reason given'}")
+        return EXIT_FAILED
+    report(f"results in {job.output.uri}")
+    return EXIT_OK

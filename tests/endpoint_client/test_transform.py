@@ -1,0 +1,182 @@
+"""python -m endpoint_client transform against moto on loopback: the job it starts, the container's execution
+parameters, where it refuses to read or write, and the progress it reports while waiting."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from endpoint_client import transform
+from endpoint_client.deployment import Aws
+from endpoint_client.transform import S3Location, TransformPlan, ExecutionParameters, wait
+
+
+def put_inputs(deployment, prefix="batch/input/run1/", names=("a.jsonl", "b.jsonl")):
+    s3 = deployment.client("s3")
+    line = json.dumps({"decision": {"id": "d", "state": "s", "question": "q",
+                                    "options": [{"id": "x", "description": ""}, {"id": "y", "description": ""}]}})
+    for name in names:
+        s3.put_object(Bucket=deployment.bucket, Key=prefix + name, Body=(line + "\n") * 3)
+    return f"s3://{deployment.bucket}/{prefix}"
+
+
+def run(deployment, *extra, capsys):
+    code = transform.main(deployment.args(*extra))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_job_runs_the_stacks_model_over_json_lines_and_reports_the_output(deployment, endpoint_stack, capsys):
+    source = put_inputs(deployment)
+    code, out, err = run(deployment, "--input", source, "--job-name", "decision-dev-cpu-test1", "--poll-interval",
+                         "0", capsys=capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["status"] == "Completed" and result["job"] == "decision-dev-cpu-test1"
+    assert result["output"] == f"s3://{deployment.bucket}/batch/output/decision-dev-cpu-test1/"
+    job = deployment.client("sagemaker").describe_transform_job(TransformJobName="decision-dev-cpu-test1")
+    assert job["ModelName"] == endpoint_stack
+    assert (job["BatchStrategy"], job["MaxPayloadInMB"]) == ("MultiRecord", 6)
+    assert "MaxConcurrentTransforms" not in job    # SageMaker asks the container's /execution-parameters
+    assert job["TransformInput"] == {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": source}},
+                                     "ContentType": "application/jsonlines", "SplitType": "Line",
+                                     "CompressionType": "None"}
+    assert job["TransformOutput"] == {"S3OutputPath": result["output"], "Accept": "application/jsonlines",
+                                      "AssembleWith": "Line"}
+    assert job["TransformResources"] == {"InstanceType": "ml.c7i.xlarge", "InstanceCount": 1}
+    assert "2 input files, MultiRecord batches up to 6 MB, 1 x ml.c7i.xlarge" in err
+    assert "Completed: 0/2 input files done" in err and f"results in {result['output']}" in err
+    groups = deployment.client("logs").describe_log_groups(logGroupNamePrefix="/aws/sagemaker/TransformJobs")
+    assert [g["logGroupName"] for g in groups["logGroups"]] == ["/aws/sagemaker/TransformJobs"]
+
+
+class ExecutionParametersHandler(BaseHTTPRequestHandler):
+    answer: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps(self.answer).encode() if self.path == "/execution-parameters" else b"{}"
+        self.send_response(200 if self.path == "/execution-parameters" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def container():
+    """A loopback stand-in for the container's GET /execution-parameters."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ExecutionParametersHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}/execution-parameters"
+    server.shutdown()
+
+
+def test_the_containers_execution_parameters_are_used(deployment, endpoint_stack, container, capsys):
+    server, url = container
+    ExecutionParametersHandler.answer = {"MaxConcurrentTransforms": 2, "BatchStrategy": "MULTI_RECORD",
+                                         "MaxPayloadInMB": 8}
+    code, out, err = run(deployment, "--input", put_inputs(deployment), "--job-name", "decision-dev-cpu-test2",
+                         "--execution-parameters", url, "--no-wait", capsys=capsys)
+    assert code == 0, err
+    assert json.loads(out)["status"] == "InProgress"
+    job = deployment.client("sagemaker").describe_transform_job(TransformJobName="decision-dev-cpu-test2")
+    assert (job["MaxPayloadInMB"], job["MaxConcurrentTransforms"]) == (8, 2)
+
+
+@pytest.mark.parametrize("answer, extra, message", [
+    ({"MaxConcurrentTransforms": 1, "BatchStrategy": "SINGLE_RECORD", "MaxPayloadInMB": 6}, [],
+     "answers BatchStrategy 'SINGLE_RECORD'; this runner sends MultiRecord batches"),
+    ({"BatchStrategy": "MULTI_RECORD"}, [], "answers no MaxPayloadInMB"),
+    ({"BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}, ["--max-payload-mb", "10"],
+     "--max-payload-mb 10 is above the container's 6"),
+])
+def test_execution_parameters_the_runner_cannot_honour_stop_it(deployment, endpoint_stack, container, capsys,
+                                                               answer, extra, message):
+    server, url = container
+    ExecutionParametersHandler.answer = answer
+    code, _, err = run(deployment, "--input", put_inputs(deployment), "--execution-parameters", url, *extra,
+                       capsys=capsys)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("location, message", [
+    ("--input=s3://elsewhere/batch/input/x/", "the input must be under s3://{bucket}/batch/input/"),
+    ("--input=s3://{bucket}/models/", "the input must be under s3://{bucket}/batch/input/"),
+    ("--output=s3://{bucket}/models/out/", "the output must be under s3://{bucket}/batch/output/"),
+    ("--input=s3://{bucket}/batch/input/empty/", "no input objects under s3://{bucket}/batch/input/empty/"),
+    ("--input=batch/input/", "'batch/input/' is not an S3 URI"),
+])
+def test_locations_the_execution_role_cannot_use_are_refused(deployment, endpoint_stack, capsys, location, message):
+    source = put_inputs(deployment)
+    extra = [location.format(bucket=deployment.bucket)]
+    if not location.startswith("--input"):
+        extra.append(f"--input={source}")
+    code, _, err = run(deployment, *extra, capsys=capsys)
+    assert code == 2 and message.format(bucket=deployment.bucket) in err
+
+
+def test_an_endpoint_stack_that_is_not_deployed_is_named(deployment, capsys):
+    code, _, err = run(deployment, "--input", put_inputs(deployment), capsys=capsys)
+    assert code == 1 and "stack decision-dev-endpoint-cpu is not deployed" in err
+
+
+class Progressing:
+    """SageMaker as a job runs: InProgress for the first polls, then the final status; moto holds the job."""
+
+    def __init__(self, client, statuses):
+        self._client, self._statuses = client, list(statuses)
+
+    def describe_transform_job(self, **kwargs):
+        description = self._client.describe_transform_job(**kwargs)
+        status = self._statuses.pop(0)
+        return {**description, "TransformJobStatus": status,
+                "FailureReason": "ClientError: see the job's logs" if status == "Failed" else ""}
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def started_job(deployment, endpoint_stack, name):
+    source = put_inputs(deployment, names=("a.jsonl", "sub/b.jsonl"))
+    job = TransformPlan(job_name=name, model_name=endpoint_stack, input=S3Location.parse(source),
+                        output=S3Location(deployment.bucket, f"batch/output/{name}/"),
+                        input_keys=("batch/input/run1/a.jsonl", "batch/input/run1/sub/b.jsonl"),
+                        instance_type="ml.c7i.xlarge", instance_count=1,
+                        parameters=ExecutionParameters(6, None))
+    deployment.client("sagemaker").create_transform_job(**job.request({}))
+    return job
+
+
+@pytest.mark.parametrize("final", ["Completed", "Failed"])
+def test_waiting_reports_status_and_finished_input_files(deployment, endpoint_stack, final):
+    job = started_job(deployment, endpoint_stack, f"decision-dev-cpu-{final.lower()}")
+    import boto3
+    session = boto3.session.Session(region_name="us-east-1")
+    sagemaker = Progressing(session.client("sagemaker", endpoint_url=deployment.url),
+                            ["InProgress", "InProgress", "InProgress", final])
+    aws = Aws(session=session, endpoint_url=deployment.url)
+    aws.client = lambda service: sagemaker if service == "sagemaker" else session.client(
+        service, endpoint_url=deployment.url)
+    s3 = deployment.client("s3")
+    outputs = iter(["a.jsonl.out", "sub/b.jsonl.out"])
+
+    def sleep(seconds):
+        # Between polls SageMaker writes one input file's results (the runner must map sub/ paths too).
+        name = next(outputs, None)
+        if name:
+            s3.put_object(Bucket=deployment.bucket, Key=job.output.key + name, Body=b"{}\n{}\n{}\n")
+
+    reported = []
+    ticks = iter(range(0, 1000, 75))
+    description = wait(aws, job, poll_s=30, report=reported.append, sleep=sleep, clock=lambda: next(ticks))
+    assert description["TransformJobStatus"] == final and description["OutputsDone"] == 2
+    assert [line.split(" ", 2)[2] for line in reported] == [
+        "InProgress: 0/2 input files done", "InProgress: 1/2 input files done", "InProgress: 2/2 input files done",
+        f"{final}: 2/2 input files done"]
+    assert reported[0].startswith(f"[01:15] {job.job_name} ")
