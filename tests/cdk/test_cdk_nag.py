@@ -23,7 +23,7 @@ def violations(outdir: Path) -> set[tuple[str, str, str]]:
     """(plugin, rule, construct path) of every unacknowledged finding of the validation plugins.
 
     Construct annotations (the endpoint stack's 'left out until pinned' warnings, tested in
-    test_cdk_endpoints_stack) appear in the same report under 'Construct Annotations'; they are not findings.
+    test_cdk_endpoint_stacks) appear in the same report under 'Construct Annotations'; they are not findings.
     """
     return {(plugin["pluginName"], violation["ruleName"], construct["constructPath"])
             for plugin in report(outdir)["pluginReports"] if plugin["pluginName"] != "Construct Annotations"
