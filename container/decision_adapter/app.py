@@ -204,6 +204,7 @@ def _systemone(obj: Any, model, state: AdapterState) -> tuple[dict[str, Any], in
         "answers": {item.qid: systemone.answer(item, s) for item, s in zip(items, scored)},
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
         "x_evaluated_tokens": stats.shared_tokens + sum(stats.own_tokens),
+        "x_cached_tokens": stats.cached_tokens,
         "x_timing": {"queue": queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
                      "total": time.perf_counter() - g.started},
     }, 200
@@ -226,7 +227,7 @@ def _dispatch(obj: Any, model, state: AdapterState) -> tuple[dict[str, Any], int
     scored, stats, queue_s = _score(model, prepared, state)
     results = [decision_schema.result(d, s, model.model_info) for d, s in zip(decisions, scored)]
     timing = {"queue": queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
-              "total": time.perf_counter() - g.started}
+              "total": time.perf_counter() - g.started, "cached_tokens": stats.cached_tokens}
     g.log.update({"decisions": g.log.get("decisions", 0) + len(decisions),
                   "input_tokens": g.log.get("input_tokens", 0) + sum(s.input_tokens for s in scored),
                   "queue_s": round(queue_s, 6), "prefill_s": round(stats.prefill_s, 6),

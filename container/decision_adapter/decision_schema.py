@@ -93,6 +93,8 @@ def result(decision: Decision, scored: Scored, model_info: dict[str, Any]) -> di
         "prompt_sha256": scored.prompt_sha256,
         "input_tokens": scored.input_tokens,
         "readout": scored.readout,
+        "label_mass": scored.label_mass,
+        "top_token_is_label": scored.top_token_is_label,
         "model": model_info,
     }
 

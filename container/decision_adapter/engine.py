@@ -1,23 +1,14 @@
-"""The one owner of llama.cpp: model, context, vocabulary and the resident prompt prefix.
+"""The one owner of llama.cpp: model, context and vocabulary, and the scoring of prompts against labels.
 
-The engine works in tokens. Given prompts that may share a prefix, and for each prompt the answer
-labels as token sequences, it returns each label's probability restricted to the declared labels,
-read from the logits at the first answer position; no token is generated. Where a label spans several
-tokens, its probability is the chain rule over the label trie, each inner node scored on a forked copy
-of the prompt.
+The engine works in tokens. Given prompts that share a prefix (template head and state) and, for each prompt,
+its answer labels as token sequences, it returns each label's full-vocabulary log-probability read at the
+first answer position (the chain rule over the label's tokens where a label spans several), the diagnostics
+of that position, and what it cost; no token is generated.
 
-Memory layout, with the model's memory shared by all sequences (``kv_unified``):
-
-* sequence 0 holds the resident prefix (template head and system instruction), decoded once at load;
-* sequence 1 holds the shared part of a request's prompts (the state), decoded once per request;
-  the state is decoded in large prefill micro-batches laid out the same way whatever else the request
-  holds, the rest (questions, label paths) in small micro-batches where every query is computed alone,
-  so that an answer does not depend on the other questions of its request;
-* sequences 2.. are forks: one per prompt, then one per inner label-trie node, decoded side by side.
-
-Attention-only models fork by ``llama_memory_seq_cp``, which shares cells instead of copying them.
-Models whose memory cannot be truncated to a prefix (recurrent or hybrid) fork by saving the source
-sequence with ``llama_state_seq_get_data`` and restoring it into each fork.
+``score`` looks the prefix up in the state cache, asks ``plan.plan_job`` for the steps, and has the
+``Executor`` run them against the ``Memory``: the plan decides, the executor decodes, the memory holds. The
+layout the plan chooses (see ``plan``) makes every answer the same bit for bit alone, beside other questions,
+on a cache hit or on a miss. Not for concurrent use: one caller at a time holds the engine's lock.
 """
 
 from __future__ import annotations
@@ -27,25 +18,24 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import llama_cpp as llama
 
-from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix
+from .cache import PrefixCache, tokens_key
+from .executor import EngineError, Executor, RestoreFailed
+from .memory import Memory
+from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, PlanError, chunked, plan_job
+from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix, prompt_score
 
 log = logging.getLogger(__name__)
 
 # The llama.cpp commit that each pinned llama-cpp-python release vendors (from its changelog); the
 # library does not report it at run time.
 VENDORED_LLAMA_CPP = {"0.3.36": "ggml-org/llama.cpp@0c1e57098"}
+KV_CACHE_TYPES = {"f32": llama.GGML_TYPE_F32, "f16": llama.GGML_TYPE_F16}
 
-RESIDENT_SEQ = 0
-SHARED_SEQ = 1
-FIRST_FORK_SEQ = 2
-
-
-class EngineError(RuntimeError):
-    """llama.cpp could not load or evaluate; the message says which step failed."""
+__all__ = ["Engine", "EngineError", "EngineOptions", "GpuUnavailable", "PlanError"]
 
 
 class GpuUnavailable(EngineError):
@@ -57,33 +47,16 @@ class EngineOptions:
     threads: int
     gpu_layers: int = 0
     ctx_tokens: int = 8192
-    batch_tokens: int = 32
-    prefill_batch_tokens: int = 512
-    parallel_sequences: int = 8
+    batch_tokens: int = 512
+    parallel_sequences: int = 32
     flash_attention: bool = False
+    kv_cache_type: str = "f32"
+    state_cache_bytes: int = 1 << 30
     fork_by: str = "auto"  # "copy" (share memory cells), "snapshot" (save/restore state) or "auto"
 
 
-@dataclass(frozen=True)
-class _Base:
-    """Where forks start: the resident prefix (seq None) or the shared sequence, and its length."""
-
-    seq: int | None
-    end: int
-    snapshot: bytes | None = None
-
-
-@dataclass
-class _Segment:
-    seq: int
-    tokens: Sequence[int]
-    pos0: int
-    read: Sequence[int] | None  # token ids whose logits to keep after the last token, if any
-    logits: list[float] | None = None
-
-
 class Engine:
-    """Loads a GGUF eagerly and scores prompts against declared labels. Not for concurrent use."""
+    """Loads a GGUF eagerly and scores prompts against declared labels."""
 
     def __init__(self, model_path: str, options: EngineOptions):
         self.model_path = model_path
@@ -91,9 +64,10 @@ class Engine:
         self._lock = threading.Lock()
         self._model = None
         self._ctx = None
-        self._batch = None
-        self._resident: list[int] = []
-        self._resident_snapshot: bytes | None = None
+        self._executor: Executor | None = None
+        self._head: tuple[int, ...] = ()
+        self._head_blob: bytes | None = None
+        self.cache = PrefixCache(options.state_cache_bytes)
         _init_backend()
         if options.gpu_layers != 0 and not llama.llama_supports_gpu_offload():
             raise GpuUnavailable(
@@ -124,10 +98,10 @@ class Engine:
 
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = opts.ctx_tokens
-        largest = max(opts.batch_tokens, opts.prefill_batch_tokens)
-        cparams.n_batch = largest
-        cparams.n_ubatch = largest  # one llama_decode is one micro-batch: its shape is ours
+        cparams.n_batch = opts.batch_tokens
+        cparams.n_ubatch = opts.batch_tokens  # one llama_decode is one micro-batch: its shape is ours
         cparams.n_seq_max = opts.parallel_sequences
+        cparams.type_k = cparams.type_v = KV_CACHE_TYPES[opts.kv_cache_type]
         cparams.n_threads = opts.threads
         cparams.n_threads_batch = opts.threads
         cparams.kv_unified = True  # forks share the prefix's memory cells instead of holding copies
@@ -139,13 +113,13 @@ class Engine:
             raise EngineError(
                 f"llama.cpp could not create a context with {opts.ctx_tokens} tokens and "
                 f"{opts.parallel_sequences} sequences (out of memory?)")
-        self._memory = llama.llama_get_memory(self._ctx)
         self.ctx_tokens = llama.llama_n_ctx(self._ctx)
         self.batch_tokens = opts.batch_tokens
-        self.prefill_batch_tokens = opts.prefill_batch_tokens
-        self._batch = llama.llama_batch_init(largest + 1, 0, 1)  # +1 for the scratch pad
-        self.scratch_seq = opts.parallel_sequences - 1
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+        self._memory = Memory(self._ctx, fork_by)
+        self._executor = Executor(self._ctx, self.n_vocab, opts.batch_tokens)
+        self.limits = Limits(batch_tokens=opts.batch_tokens, cells=self.ctx_tokens,
+                             sequences=opts.parallel_sequences, fork_by=fork_by)
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
         self.bos_text = self._special_text(llama.llama_vocab_bos(self._vocab))
         self.eos_text = self._special_text(llama.llama_vocab_eos(self._vocab))
@@ -206,240 +180,123 @@ class Engine:
             n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
         return buf.raw[:n]  # the buffer is padded; only the first n bytes are the piece
 
-    # ---- resident prefix -----------------------------------------------------------------------
+    # ---- resident head -------------------------------------------------------------------------
 
     def keep_resident(self, tokens: Sequence[int]) -> None:
-        """Evaluate the fixed head of every prompt once; every later prompt forks from it."""
+        """Evaluate the fixed head of every prompt once and keep it saved; every job starts from it."""
         with self._lock:
-            self._clear(range(self.options.parallel_sequences))
-            self._resident = []
-            self._resident_snapshot = None
+            self._head, self._head_blob = (), None
+            self.cache.clear()  # states cached under another head would never match again
             if tokens:
-                self._run([_Segment(RESIDENT_SEQ, list(tokens), 0, None)])
-                if self.fork_by == "snapshot":
-                    self._resident_snapshot = self._save(RESIDENT_SEQ)
-            self._resident = list(tokens)
+                self._memory.reset()
+                for step in chunked(STATE_SEQ, tokens, 0, self.batch_tokens, None):
+                    self._executor.decode(step, {})
+                self._head_blob = self._memory.save(STATE_SEQ)
+                self._memory.reset()
+            self._head = tuple(tokens)
 
     @property
     def resident_tokens(self) -> int:
-        return len(self._resident)
+        return len(self._head)
 
     # ---- scoring -------------------------------------------------------------------------------
 
-    def score(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie], *,
-              state: tuple[int, int] | None = None) -> tuple[list[PromptScore], ScoreStats]:
-        """Score each prompt against its label trie; prompts sharing a prefix evaluate it once.
+    def job_spec(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie],
+                 state: tuple[int, int] | None = None) -> JobSpec:
+        """How a job's prompts relate to the head and to each other, before looking at the cache.
 
-        ``state`` is the span of tokens that every prompt has whatever its question (the state): they are
-        decoded in prefill micro-batches starting at its first token, the rest in small ones, so the
-        layout, and with it every logit, depends on the prompt alone: not on the resident prefix, the other
-        prompts of the call, or their order. Without it, the whole prompt is decoded in small micro-batches.
+        ``state`` is the span of tokens that every prompt has whatever its question (the state, up to and
+        including the question heading); its end is the cacheable prefix. Without it, prompts share what
+        they have in common, minus at least one token of their own.
         """
         if not prompts or len(prompts) != len(tries):
             raise ValueError("one label trie per prompt is needed")
-        with self._lock:
-            try:
-                return self._score(prompts, tries, state)
-            finally:
-                self._clear(range(SHARED_SEQ, self.options.parallel_sequences))
-
-    def _score(self, prompts, tries, state):
-        t0 = time.perf_counter()
-        copy = self.fork_by == "copy"
-        resident = common_prefix([self._resident, *prompts])
-        if not copy and resident < len(self._resident):
-            resident = 0  # a saved state cannot be cut back to a shorter prefix: start from nothing
-        # Every prompt keeps at least its last token of its own: its logits are the readout.
+        prompts = tuple(tuple(p) for p in prompts)
+        head = len(self._head) if self._head and common_prefix([self._head, *prompts]) == len(self._head) else 0
         common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
-        state_start, state_end = state or (common, common)
-        state_start = min(max(state_start, resident), common)
-        state_end = min(max(state_end, state_start), common)
-        shared_end = common if len(prompts) > 1 else state_end
-        base = _Base(None, resident)
-        if shared_end > resident:
-            prompt = prompts[0]
-            self._fork_from_resident(SHARED_SEQ, resident)
-            self._run([_Segment(SHARED_SEQ, prompt[resident:state_start], resident, None)])
-            self._run([_Segment(SHARED_SEQ, prompt[state_start:state_end], state_start, None)],
-                      self.prefill_batch_tokens)
-            self._run([_Segment(SHARED_SEQ, prompt[state_end:shared_end], state_end, None)])
-            base = _Base(SHARED_SEQ, shared_end, None if copy else self._save(SHARED_SEQ))
+        end = common if state is None else min(state[1], common)
+        return JobSpec(prompts, tuple(tries), head, max(head, end))
 
-        fork_seqs = list(range(FIRST_FORK_SEQ, self.scratch_seq))
-        multi_token = any(t.inner_nodes for t in tries)
-        # Label paths are forked from a prompt while its whole group is still held, so that their
-        # memory cells come after the group's: attention then visits every prompt's cells in order.
-        group_size = max(1, len(fork_seqs) // 2) if multi_token else len(fork_seqs)
-        if group_size < 1 or (multi_token and len(fork_seqs) < 2):
-            raise EngineError("ADAPTER_PARALLEL_SEQUENCES is too small to fork prompts and label paths")
+    def plan(self, spec: JobSpec) -> Plan:
+        """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""
+        return plan_job(spec, self.limits)
 
-        results: list[PromptScore | None] = [None] * len(prompts)
-        prefill_s, readout_s, readout_tokens = time.perf_counter() - t0, 0.0, 0
-        for start in range(0, len(prompts), group_size):
-            group = list(range(start, min(start + group_size, len(prompts))))
-            g0 = time.perf_counter()
-            segments = []
-            for seq, i in zip(fork_seqs, group):
-                self._fork(seq, base, resident)
-                segments.append(_Segment(seq, prompts[i][base.end:], base.end, tries[i].children[()]))
-            self._run(segments)
-            g1 = time.perf_counter()
-            spare = fork_seqs[len(group):]
-            for seq, i, segment in zip(fork_seqs, group, segments):
-                results[i], n = self._read_labels(seq, len(prompts[i]), tries[i], segment.logits, spare)
-                readout_tokens += n
-            self._clear(fork_seqs)
-            prefill_s += g1 - g0
-            readout_s += time.perf_counter() - g1
-        stats = ScoreStats(
-            resident_tokens=resident,
-            shared_tokens=base.end - resident if base.seq is not None else 0,
-            own_tokens=tuple(len(p) - base.end for p in prompts),
-            readout_tokens=readout_tokens, prefill_s=prefill_s, readout_s=readout_s)
-        return results, stats
+    def score(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie], *,
+              state: tuple[int, int] | None = None) -> tuple[list[PromptScore], ScoreStats]:
+        """Score each prompt against its label trie; raises PlanError when the job cannot fit the memory."""
+        spec = self.job_spec(prompts, tries, state)
+        with self._lock:
+            return self._score(spec)
 
-    def _read_labels(self, seq: int, n_prompt: int, trie: LabelTrie, root_logits: list[float],
-                     spare: list[int]) -> tuple[PromptScore, int]:
-        """Chain-rule label probabilities; inner trie nodes are scored on forks of the prompt's sequence."""
-        node_logits = {(): root_logits}
-        evaluated = 0
-        inner = trie.inner_nodes
-        if inner:
-            snapshot = None if self.fork_by == "copy" else self._save(seq)
-            for start in range(0, len(inner), len(spare)):
-                paths = inner[start:start + len(spare)]
-                segments = []
-                for s, path in zip(spare, paths):
-                    if snapshot is None:
-                        llama.llama_memory_seq_cp(self._memory, seq, s, -1, -1)
-                    else:
-                        self._restore(snapshot, s)
-                    segments.append(_Segment(s, path, n_prompt, trie.children[path]))
-                self._run(segments)
-                for path, segment in zip(paths, segments):
-                    node_logits[path] = segment.logits
-                    evaluated += len(path)
-                self._clear(spare)
-        logprobs = trie.logprobs(node_logits)
-        root_children = trie.children[()]
-        first = tuple(root_logits[root_children.index(label[0])] for label in trie.sequences)
-        return PromptScore(logprobs, first), evaluated
+    def _score(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats]:
+        answer_keys = [tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries)]
+        answered = {i: a for i, key in enumerate(answer_keys) if (a := self.cache.get(key)) is not None}
+        state_key = tokens_key("state", spec.prompts[0][:spec.state_end]) if spec.state_end > spec.head else None
+        blobs: dict[str | bytes, bytes] = {HEAD_BLOB: self._head_blob} if self._head_blob else {}
+        cached_state = self.cache.get(state_key) if state_key is not None and len(answered) < len(spec.prompts) \
+            else None
+        if cached_state is not None:
+            blobs[state_key] = cached_state
+        job = JobSpec(spec.prompts, spec.tries, spec.head, spec.state_end, state_key, cached_state is not None,
+                      frozenset(answered))
+        try:
+            plan, outcome = self._run(job, blobs)
+        except RestoreFailed:
+            log.warning("a cached state could not be restored; decoding it again")
+            self.cache.discard(state_key)
+            job = JobSpec(job.prompts, job.tries, job.head, job.state_end, state_key, False, job.answered)
+            plan, outcome = self._run(job, blobs)
+        for key, blob in outcome.saved.items():
+            self.cache.put(key, blob)
+        scores = []
+        for i, trie in enumerate(spec.tries):
+            if i in answered:
+                scores.append(answered[i])
+                continue
+            score = prompt_score(trie, {node: read for (p, node), read in outcome.reads.items() if p == i})
+            self.cache.put(answer_keys[i], score)
+            scores.append(score)
+        cached = plan.cached_tokens + sum(len(spec.prompts[i]) - spec.head for i in answered)
+        stats = ScoreStats(resident_tokens=spec.head, shared_tokens=plan.shared_tokens, cached_tokens=cached,
+                           own_tokens=plan.own_tokens, readout_tokens=plan.readout_tokens,
+                           prefill_s=outcome.prefill_s, readout_s=outcome.readout_s)
+        return scores, stats
+
+    def _run(self, job: JobSpec, blobs: dict[str | bytes, bytes]):
+        plan = plan_job(job, self.limits)
+        self._memory.reset()
+        try:
+            return plan, self._executor.run(plan, self._memory, blobs)
+        finally:
+            self._memory.reset()
 
     def prefill(self, tokens: Sequence[int], *, reuse_resident: bool = False) -> tuple[float, int]:
-        """Seconds to llama_decode ``tokens`` in prefill micro-batches with no readout, and the tokens
-        decoded: from empty memory, or forked from the resident prefix as scoring does (for benchmarks)."""
+        """Seconds to llama_decode ``tokens`` in the fastest layout (one micro-batch per ``batch_tokens``
+        tokens, no readout) and the tokens decoded: from empty memory, or after the saved head (for the
+        benchmarks' floor)."""
         with self._lock:
-            resident = common_prefix([self._resident, tokens]) if reuse_resident else 0
-            if self.fork_by == "snapshot" and resident < len(self._resident):
-                resident = 0
-            self._clear([FIRST_FORK_SEQ])
+            start = len(self._head) if reuse_resident and self._head_blob \
+                and common_prefix([self._head, tokens]) == len(self._head) else 0
+            self._memory.reset()
             try:
-                self._fork_from_resident(FIRST_FORK_SEQ, resident)
+                if start:
+                    self._memory.load(STATE_SEQ, self._head_blob)
                 started = time.perf_counter()
-                self._run([_Segment(FIRST_FORK_SEQ, list(tokens[resident:]), resident, None)],
-                          self.prefill_batch_tokens)
-                return time.perf_counter() - started, len(tokens) - resident
+                for step in chunked(STATE_SEQ, tokens[start:], start, self.batch_tokens, None):
+                    self._executor.decode(step, {})
+                return time.perf_counter() - started, len(tokens) - start
             finally:
-                self._clear([FIRST_FORK_SEQ])
-
-    # ---- memory --------------------------------------------------------------------------------
-
-    def _fork_from_resident(self, dst: int, length: int) -> None:
-        if length == 0:
-            return
-        if self.fork_by == "snapshot":
-            self._restore(self._resident_snapshot, dst)
-        else:
-            llama.llama_memory_seq_cp(self._memory, RESIDENT_SEQ, dst, 0, length)
-
-    def _fork(self, dst: int, base: "_Base", resident: int) -> None:
-        if base.seq is None:
-            self._fork_from_resident(dst, resident)
-        elif base.snapshot is not None:
-            self._restore(base.snapshot, dst)
-        else:
-            llama.llama_memory_seq_cp(self._memory, base.seq, dst, -1, -1)
-
-    def _save(self, seq: int) -> bytes:
-        size = llama.llama_state_seq_get_size(self._ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        written = llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        if written != size:
-            raise EngineError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
-        return bytes(buf)
-
-    def _restore(self, snapshot: bytes, seq: int) -> None:
-        buf = (ctypes.c_uint8 * len(snapshot)).from_buffer_copy(snapshot)
-        if llama.llama_state_seq_set_data(self._ctx, buf, len(snapshot), seq) == 0:
-            raise EngineError("llama_state_seq_set_data could not restore a saved sequence")
-
-    def _is_empty(self, seq: int) -> bool:
-        return llama.llama_memory_seq_pos_max(self._memory, seq) < 0
-
-    def _clear(self, seqs: Iterable[int]) -> None:
-        if self._memory is None:
-            return
-        for seq in seqs:
-            llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
-
-    def _run(self, segments: list[_Segment], size: int | None = None) -> None:
-        """Decode segments of several sequences, one llama_decode per micro-batch of ``size`` tokens
-        (default: ``batch_tokens``).
-
-        Micro-batches never hold a single token: llama.cpp's CPU attention takes another code path
-        for one query, so a lone token is decoded beside a throw-away copy in the scratch sequence.
-        """
-        stream = [(seg, j) for seg in segments for j in range(len(seg.tokens))]
-        size = size or self.batch_tokens
-        chunks = [stream[i:i + size] for i in range(0, len(stream), size)]
-        if len(chunks) > 1 and len(chunks[-1]) == 1:
-            chunks[-1].insert(0, chunks[-2].pop())
-        for chunk in chunks:
-            self._decode(chunk, pad=len(chunk) == 1)
-
-    def _decode(self, chunk: list[tuple[_Segment, int]], *, pad: bool) -> None:
-        batch = self._batch
-        wanted: list[tuple[int, _Segment]] = []
-        for n, (seg, j) in enumerate(chunk):
-            batch.token[n] = seg.tokens[j]
-            batch.pos[n] = seg.pos0 + j
-            batch.n_seq_id[n] = 1
-            batch.seq_id[n][0] = seg.seq
-            wants = seg.read is not None and j == len(seg.tokens) - 1
-            batch.logits[n] = wants
-            if wants:
-                wanted.append((n, seg))
-        n = len(chunk)
-        if pad:
-            batch.token[n] = batch.token[0]
-            batch.pos[n] = 0
-            batch.n_seq_id[n] = 1
-            batch.seq_id[n][0] = self.scratch_seq
-            batch.logits[n] = False
-            n += 1
-        batch.n_tokens = n
-        try:
-            rc = llama.llama_decode(self._ctx, batch)
-        finally:
-            if pad:
-                self._clear([self.scratch_seq])
-        if rc != 0:
-            reason = {1: "no free memory cells for the batch", 2: "aborted", -1: "invalid batch"}.get(rc, "fatal error")
-            raise EngineError(f"llama_decode failed with {rc} ({reason})")
-        for index, seg in wanted:
-            row = llama.llama_get_logits_ith(self._ctx, index)
-            seg.logits = [float(row[token]) for token in seg.read]
+                self._memory.reset()
 
     # ---- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._batch is not None:
-            llama.llama_batch_free(self._batch)
-            self._batch = None
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
         if self._ctx:
             llama.llama_free(self._ctx)
             self._ctx = None
-        self._memory = None
         if self._model:
             llama.llama_model_free(self._model)
             self._model = None

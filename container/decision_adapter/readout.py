@@ -42,27 +42,44 @@ class LabelTrie:
     def depth(self) -> int:
         return max(len(s) for s in self.sequences)
 
-    def logprobs(self, node_logits: dict[tuple[int, ...], Sequence[float]]) -> tuple[float, ...]:
-        """log P(label) by the chain rule, each step a softmax over the node's children only."""
-        steps = {node: log_softmax(values) for node, values in node_logits.items()}
+    def logprobs(self, reads: "dict[tuple[int, ...], NodeRead]") -> tuple[float, ...]:
+        """log P(label) by the chain rule, every step the model's full-vocabulary log-probability of the
+        label's next token given its prefix; these do not sum to 1 over the labels."""
         out = []
         for label in self.sequences:
-            out.append(math.fsum(steps[label[:d]][self.children[label[:d]].index(t)] for d, t in enumerate(label)))
+            out.append(math.fsum(reads[label[:d]].logprob(self.children[label[:d]].index(t))
+                                 for d, t in enumerate(label)))
         return tuple(out)
+
+
+@dataclass(frozen=True)
+class NodeRead:
+    """The model's next-token distribution at one label-trie node, as much of it as the readout needs:
+    the logits of the node's children, the log-normaliser of the whole vocabulary and the top token."""
+
+    logits: tuple[float, ...]  # raw logits of the node's children, in trie order
+    log_normaliser: float  # log sum exp of the whole logits row
+    top_token: int  # the token the model itself ranks first
+
+    def logprob(self, child: int) -> float:
+        return self.logits[child] - self.log_normaliser
 
 
 @dataclass(frozen=True)
 class PromptScore:
     """One prompt's readout, in label order."""
 
-    label_logprobs: tuple[float, ...]  # log P(label | prompt), restricted to the declared labels
+    label_logprobs: tuple[float, ...]  # log P(label | prompt) over the full vocabulary (chain rule)
     first_token_logits: tuple[float, ...]  # raw logit of each label's first token at the answer position
+    label_mass: float  # full-vocabulary probability the labels' first tokens hold at the answer position
+    top_token_is_label: bool  # the model's own top token at the answer position begins a label
 
 
 @dataclass(frozen=True)
 class ScoreStats:
     resident_tokens: int  # tokens taken from the resident prefix, not evaluated again
     shared_tokens: int  # tokens evaluated once for all prompts of the call
+    cached_tokens: int  # tokens an earlier request evaluated, taken from the state cache
     own_tokens: tuple[int, ...]  # tokens evaluated for each prompt alone
     readout_tokens: int  # label tokens evaluated for the chain rule
     prefill_s: float
@@ -76,6 +93,22 @@ def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
         if any(s[i] != token for s in sequences[1:]):
             return i
     return n
+
+
+def prompt_score(trie: LabelTrie, reads: dict[tuple[int, ...], NodeRead]) -> PromptScore:
+    """One prompt's readout from the reads at its trie nodes (the root is the answer position)."""
+    root = reads[()]
+    firsts = trie.children[()]
+    first = tuple(root.logits[firsts.index(label[0])] for label in trie.sequences)
+    mass = math.fsum(math.exp(root.logprob(i)) for i in range(len(firsts)))
+    return PromptScore(trie.logprobs(reads), first, min(1.0, mass), root.top_token in firsts)
+
+
+def softmax(values: Sequence[float]) -> list[float]:
+    top = max(values)
+    weights = [math.exp(v - top) for v in values]
+    total = math.fsum(weights)
+    return [w / total for w in weights]
 
 
 def log_softmax(values: Sequence[float]) -> list[float]:

@@ -18,12 +18,14 @@ from .errors import InputError, Loc
 from .labels import MAX_OPTIONS, PAIRED, SINGLE, labels_for
 from .model_files import ModelIdentity
 from .prompt import QUESTION_HEADING, ChatTemplate, PromptLayout, TemplateError, user_payload
-from .readout import LabelTrie, common_prefix
+from .plan import PlanError
+from .readout import LabelTrie, common_prefix, softmax
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
                   "(last prompt position); no tokens generated")
-READOUT_CHAIN = ("chain rule over each label's tokens, every step a softmax restricted to the declared labels; "
-                 "option_logits are log-probabilities; no tokens generated")
+READOUT_CHAIN = ("chain rule over each label's tokens, every step the full-vocabulary probability of the label's "
+                 "next token, then normalised over the declared labels; option_logits are those log-probabilities; "
+                 "no tokens generated")
 
 PROBE_STATE = "Customer asks to reset a forgotten password and says the reset email never arrived."
 PROBE_QUESTION = "Which queue should handle this request?"
@@ -46,6 +48,8 @@ class ScoringEngine(Protocol):
     def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def keep_resident(self, tokens: Sequence[int]) -> None: ...
+    def job_spec(self, prompts, tries, state: tuple[int, int] | None = None): ...
+    def plan(self, spec): ...
     def score(self, prompts, tries, *, state: tuple[int, int] | None = None): ...
 
 
@@ -69,6 +73,7 @@ class Prepared:
     tokens: tuple[tuple[int, ...], ...]
     request_tokens: int
     state: tuple[int, int]  # the span of tokens every prompt has whatever its question: its state
+    tries: tuple[LabelTrie, ...]
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ class Scored:
     prompt_sha256: str
     input_tokens: int
     readout: str
+    label_mass: float  # full-vocabulary probability the labels' first tokens hold at the answer position
+    top_token_is_label: bool
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ class DecisionModel:
                 raise ModelIncompatible(f"answer labels {labels[0]}..{labels[-1]}: {exc}") from None
         return found
 
-    def trie(self, n_options: int):
+    def trie(self, n_options: int) -> LabelTrie:
         if n_options not in self._tries:
             self._tries[n_options] = LabelTrie.build(self._label_tokens[label] for label in labels_for(n_options))
         return self._tries[n_options]
@@ -175,13 +182,19 @@ class DecisionModel:
         # Questions over one state (a System One request, shared decisions) tokenize its prefix once.
         prefixes = {state: self._state_prefix(state) for state in dict.fromkeys(q.state for q in questions)}
         spans = [self._span(prefixes[q.state], t) for q, t in zip(questions, tokens)]
-        return Prepared(tuple(questions), prompts, tokens, request_tokens,
-                        (min(s for s, _ in spans), min(e for _, e in spans)))
+        span = (min(s for s, _ in spans), min(e for _, e in spans))
+        tries = tuple(self.trie(len(q.options)) for q in questions)
+        try:
+            self.engine.plan(self.engine.job_spec(tokens, tries, span))
+        except PlanError as exc:
+            raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc, str(exc),
+                             kind="value_error.request_too_large") from None
+        return Prepared(tuple(questions), prompts, tokens, request_tokens, span, tries)
 
     def state_span(self, state: str, tokens: Sequence[int]) -> tuple[int, int]:
         """Where a prompt's state begins and ends in its tokens: after the head, up to and including the
         question heading, as far as the prompt keeps those tokens. The span does not depend on the
-        question, so the engine decodes it the same way alone or beside any other question."""
+        question: it is the prefix the state cache keeps and every question of the state forks from."""
         return self._span(self._state_prefix(state), tokens)
 
     def _state_prefix(self, state: str) -> list[int]:
@@ -192,18 +205,17 @@ class DecisionModel:
         return start, max(start, common_prefix([state_prefix, tokens]))
 
     def score(self, prepared: Prepared):
-        tries = [self.trie(len(q.options)) for q in prepared.questions]
-        scores, stats = self.engine.score(prepared.tokens, tries, state=prepared.state)
+        scores, stats = self.engine.score(prepared.tokens, prepared.tries, state=prepared.state)
         results = []
-        for prompt, tokens, trie, score in zip(prepared.prompts, prepared.tokens, tries, scores):
+        for prompt, tokens, trie, score in zip(prepared.prompts, prepared.tokens, prepared.tries, scores):
             single = trie.depth == 1
-            total = math.fsum(math.exp(lp) for lp in score.label_logprobs)
             results.append(Scored(
-                probabilities=tuple(math.exp(lp) / total for lp in score.label_logprobs),
+                probabilities=tuple(softmax(score.label_logprobs)),
                 option_logits=tuple(score.first_token_logits if single else score.label_logprobs),
                 prompt_sha256=hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
                 input_tokens=len(tokens),
-                readout=READOUT_SINGLE if single else READOUT_CHAIN))
+                readout=READOUT_SINGLE if single else READOUT_CHAIN,
+                label_mass=score.label_mass, top_token_is_label=score.top_token_is_label))
         return results, stats
 
     def probe(self) -> Scored:

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 
+# Cells a prompt's label paths may need beyond the prompt itself: 26 first letters of two-token labels.
+LABEL_PATH_CELLS = 26
+
+
 class SettingsError(ValueError):
     """A setting has a value outside its type or bounds; the message names the variable."""
 
@@ -54,22 +58,25 @@ class Settings:
     ctx_tokens: int = _setting("ADAPTER_CTX_TOKENS", 16384,
                                "Tokens of KV memory shared by the resident prefix and all forks of a request.",
                                low=512, high=1_048_576)
-    batch_tokens: int = _setting("ADAPTER_BATCH_TOKENS", 32,
-                                 "Tokens per micro-batch for the questions and answer labels, decoded side by "
-                                 "side. Below 64, llama.cpp's CPU attention handles each query alone, so an "
-                                 "answer is bit for bit the same whatever else its request asks; GPUs decode "
-                                 "faster with 256 or more.", low=2, high=65536)
-    prefill_batch_tokens: int = _setting("ADAPTER_PREFILL_BATCH_TOKENS", 512,
-                                         "Tokens per micro-batch for a request's state, laid out the same way "
-                                         "whatever the questions; larger prefills long states faster.",
-                                         low=2, high=65536)
-    parallel_sequences: int = _setting("ADAPTER_PARALLEL_SEQUENCES", 8,
-                                       "llama.cpp sequences: one resident prefix, one shared state, the rest "
-                                       "are questions scored side by side, one is scratch.", low=4, high=256)
-    flash_attention: str = _setting("ADAPTER_FLASH_ATTENTION", "on",
-                                    "Flash attention, pinned so logits do not depend on a library default; "
-                                    "on the CPU it also makes results independent of memory layout.",
-                                    choices=("off", "on"))
+    batch_tokens: int = _setting("ADAPTER_BATCH_TOKENS", 512,
+                                 "Tokens per micro-batch (one llama_decode): a state, and each question, is "
+                                 "decoded in micro-batches of this size from its own first token.",
+                                 low=16, high=65536)
+    parallel_sequences: int = _setting("ADAPTER_PARALLEL_SEQUENCES", 32,
+                                       "llama.cpp sequences: the state, the question being read, and forks "
+                                       "for the label paths past 26 options (up to 26 side by side).",
+                                       low=4, high=256)
+    state_cache_mb: int = _setting("ADAPTER_STATE_CACHE_MB", 1024,
+                                   "Host memory for states and answers kept across requests (least recently "
+                                   "used first out); 0 turns the cache off.", low=0, high=1_048_576)
+    flash_attention: str = _setting("ADAPTER_FLASH_ATTENTION", "off",
+                                    "llama.cpp's flash attention. Its CPU kernels accumulate in 16-bit floats and "
+                                    "switch kernels with the micro-batch shape (up to 0.01 in a probability); off "
+                                    "computes attention in 32-bit floats. On suits GPUs.", choices=("off", "on"))
+    kv_cache_type: str = _setting("ADAPTER_KV_CACHE_TYPE", "f32",
+                                  "Type of the keys and values kept in memory: f32 (exact attention on the CPU) "
+                                  "or f16 (half the memory; flash attention converts to it anyway).",
+                                  choices=("f32", "f16"))
 
     # Request limits
     max_body_bytes: int = _setting("ADAPTER_MAX_BODY_BYTES", 1_048_576, "Largest request body accepted (413 above).",
@@ -102,10 +109,11 @@ class Settings:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(f, getattr(self, f.name))
-        if self.ctx_tokens < self.max_prompt_tokens:
+        if self.ctx_tokens < self.max_prompt_tokens + LABEL_PATH_CELLS:
             raise SettingsError(
                 f"ADAPTER_CTX_TOKENS={self.ctx_tokens} is smaller than ADAPTER_MAX_PROMPT_TOKENS="
-                f"{self.max_prompt_tokens}: an admitted prompt would not fit the model's memory")
+                f"{self.max_prompt_tokens} plus {LABEL_PATH_CELLS} cells for label paths: an admitted prompt "
+                f"would not fit the model's memory")
 
     @property
     def http_threads(self) -> int:

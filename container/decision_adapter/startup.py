@@ -46,9 +46,9 @@ def engine_options(settings: Settings):
     from .engine import EngineOptions  # llama.cpp is loaded only where a real engine is made
 
     return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
-                         batch_tokens=settings.batch_tokens, prefill_batch_tokens=settings.prefill_batch_tokens,
-                         parallel_sequences=settings.parallel_sequences,
-                         flash_attention=settings.flash_attention == "on")
+                         batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
+                         flash_attention=settings.flash_attention == "on", kv_cache_type=settings.kv_cache_type,
+                         state_cache_bytes=settings.state_cache_mb << 20)
 
 
 def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel:
@@ -61,7 +61,8 @@ def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel
 
         engine = Engine(str(gguf), engine_options(settings))
     runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
-               "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention}
+               "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
+               "kv_cache_type": settings.kv_cache_type}
     model = DecisionModel(engine, identity,
                           Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                           served_id=settings.model_id.strip())

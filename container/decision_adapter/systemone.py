@@ -177,6 +177,7 @@ def answer(item: Item, scored: Scored) -> dict[str, Any]:
                "legend": dict(zip(item.names, item.legend)), "probabilities": dict(zip(item.names, p)),
                "confidence": score_confidence(p)}
     out["x_prompt_sha256"] = scored.prompt_sha256
+    out["x_label_mass"] = scored.label_mass
     return out
 
 

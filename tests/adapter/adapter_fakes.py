@@ -6,7 +6,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Sequence
 
-from decision_adapter.readout import LabelTrie, PromptScore, ScoreStats
+from decision_adapter.plan import JobSpec, Limits, plan_job
+from decision_adapter.readout import LabelTrie, NodeRead, ScoreStats, common_prefix, prompt_score
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -53,6 +54,15 @@ class FakeEngine:
     def keep_resident(self, tokens: Sequence[int]) -> None:
         self.resident_tokens = len(tokens)
 
+    limits = Limits(batch_tokens=512, cells=4096, sequences=32)
+
+    def job_spec(self, prompts, tries, state=None) -> JobSpec:
+        common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
+        return JobSpec(tuple(map(tuple, prompts)), tuple(tries), 0, common if state is None else min(state[1], common))
+
+    def plan(self, spec: JobSpec):
+        return plan_job(spec, self.limits)
+
     def score(self, prompts, tries: Sequence[LabelTrie], *, state: tuple[int, int] | None = None):
         self.calls += 1
         self.state = state
@@ -62,10 +72,10 @@ class FakeEngine:
         scores = []
         for trie in tries:
             logits = self.logits(len(trie.sequences))
-            node_logits = {node: [0.0] * len(children) for node, children in trie.children.items()}
-            node_logits[()] = [logits[i] for i in range(len(trie.children[()]))]
-            scores.append(PromptScore(trie.logprobs(node_logits), tuple(node_logits[()])))
-        stats = ScoreStats(self.resident_tokens, 0, tuple(len(p) for p in prompts), 0, 0.001, 0.0001)
+            reads = {node: NodeRead((0.0,) * len(children), 0.0, -1) for node, children in trie.children.items()}
+            reads[()] = NodeRead(tuple(logits[i] for i in range(len(trie.children[()]))), 0.0, -1)
+            scores.append(prompt_score(trie, reads))
+        stats = ScoreStats(self.resident_tokens, 0, 0, tuple(len(p) for p in prompts), 0, 0.001, 0.0001)
         return scores, stats
 
 

@@ -49,6 +49,24 @@ def client(app):
     return app.test_client()
 
 
+@pytest.fixture
+def fresh_model(settings: Settings):
+    """Scores one walkthrough-schema decision as a server started for it alone would: a new engine each time."""
+    from decision_adapter import decision_schema
+    from decision_adapter.startup import load_decision_model
+
+    def score(decision: dict):
+        model = load_decision_model(dataclasses.replace(settings, state_cache_mb=0))
+        try:
+            parsed = decision_schema.parse_one({"decision": decision}, model.max_options)
+            [result], _ = model.score(model.prepare([parsed.question]))
+            return result
+        finally:
+            model.engine.close()
+
+    return score
+
+
 @pytest.fixture(scope="session")
 def tight_settings(settings: Settings) -> Settings:
     """Small limits, so that every limit can be crossed cheaply."""

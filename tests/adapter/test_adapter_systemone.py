@@ -33,7 +33,7 @@ def test_each_question_type_answers_in_the_system_one_shape(client):
     assert response.headers["x-typesafe-request-id"]
     body = response.get_json()
     assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
-    assert set(body) - {"model", "answers", "usage"} == {"x_evaluated_tokens", "x_timing"}
+    assert set(body) - {"model", "answers", "usage"} == {"x_evaluated_tokens", "x_cached_tokens", "x_timing"}
     assert body["usage"]["output_tokens"] == 0 and isinstance(body["usage"]["input_tokens"], int)
     assert body["usage"]["input_tokens"] > 3 * 60
     answers = body["answers"]
@@ -57,7 +57,8 @@ def test_each_question_type_answers_in_the_system_one_shape(client):
     assert score["confidence"] == pytest.approx(score_confidence(p))
     for answer in answers.values():
         assert set(answer) - {"type", "noul", "choice", "score", "legend", "probabilities", "confidence"} == \
-            {"x_prompt_sha256"}
+            {"x_prompt_sha256", "x_label_mass"}
+        assert 0.0 < answer["x_label_mass"] <= 1.0
 
 
 def test_an_answer_does_not_depend_on_the_other_questions_their_order_or_ids(client):
@@ -73,11 +74,11 @@ def test_an_answer_does_not_depend_on_the_other_questions_their_order_or_ids(cli
         assert renamed[other] == alone[qid], "question ids are never shown to the model"
 
 
-def test_a_long_state_decoded_in_prefill_batches_leaves_answers_independent_of_the_other_questions(client, engine):
-    """A state of several prefill micro-batches: the same answer bit for bit alone and beside others, and
+def test_a_long_state_of_several_micro_batches_leaves_answers_independent_of_the_other_questions(client, engine):
+    """A state of several micro-batches: the same answer bit for bit alone and beside others, and
     the state is evaluated once."""
     state = " ".join(f"Line {i}: the customer reports problem number {i} with order {1000 + i}." for i in range(70))
-    assert len(engine.tokenize(state)) > 2 * engine.prefill_batch_tokens
+    assert len(engine.tokenize(state)) > 2 * engine.batch_tokens
     alone = {qid: ask(client, {qid: q}, state=state).get_json()["answers"][qid]
              for qid, q in (("refund", NOUL), ("team", CHOICE))}
     together = ask(client, {"team": CHOICE, "refund": NOUL}, state=state).get_json()

@@ -12,7 +12,7 @@ from decision_adapter.errors import InputError, dotted
 from decision_adapter.labels import PAIRED, SINGLE, labels_for
 from decision_adapter.model_files import ModelIdentity
 from decision_adapter.prompt import SYSTEM_INSTRUCTION, ChatTemplate, PromptLayout, TemplateError
-from decision_adapter.readout import LabelTrie, common_prefix, log_softmax
+from decision_adapter.readout import LabelTrie, NodeRead, common_prefix, log_softmax, prompt_score
 from decision_adapter.scoring import DecisionModel, Limits, Question
 from decision_adapter.settings import Settings, SettingsError
 
@@ -54,16 +54,31 @@ def test_label_sets():
         labels_for(261)
 
 
-def test_label_trie_chain_rule_gives_a_distribution():
-    trie = LabelTrie.build([(1, 10), (1, 11), (2, 10), (3,)])
-    assert trie.children[()] == (1, 2, 3) and trie.inner_nodes == [(1,), (2,)] and trie.depth == 2
+def test_label_trie_chain_rule_multiplies_full_vocabulary_probabilities():
+    """log P(label) is the sum over its tokens of logit - log-normaliser of the node it is read at, so an
+    uneven trie is not favoured: with a model that has no preference among 100 tokens, every label of two
+    tokens gets 1/100 of the probability of the single-token label, whatever its siblings."""
+    trie = LabelTrie.build([(1, 10), (1, 11), (1, 12), (2, 10), (3,)])
+    flat = math.log(100)
+    reads = {node: NodeRead((0.0,) * len(kids), flat, 0) for node, kids in trie.children.items()}
+    logprobs = trie.logprobs(reads)
+    assert logprobs == pytest.approx((-2 * flat,) * 4 + (-flat,))
     rng = random.Random(7)
-    logits = {node: [rng.uniform(-5, 5) for _ in kids] for node, kids in trie.children.items()}
-    logprobs = trie.logprobs(logits)
-    assert math.isclose(sum(math.exp(x) for x in logprobs), 1.0, rel_tol=1e-12)
-    root = log_softmax(logits[()])
-    assert logprobs[3] == pytest.approx(root[2])
-    assert logprobs[0] == pytest.approx(root[0] + log_softmax(logits[(1,)])[0])
+    reads = {node: NodeRead(tuple(rng.uniform(-5, 5) for _ in kids), rng.uniform(5, 9), 0)
+             for node, kids in trie.children.items()}
+    root, one = reads[()], reads[(1,)]
+    assert trie.logprobs(reads)[1] == pytest.approx(root.logits[0] - root.log_normaliser
+                                                  + one.logits[1] - one.log_normaliser)
+    assert trie.logprobs(reads)[4] == pytest.approx(root.logits[2] - root.log_normaliser)
+
+
+def test_prompt_score_reports_label_mass_and_whether_the_top_token_is_a_label():
+    trie = LabelTrie.build([(5,), (6,), (7,)])
+    reads = {(): NodeRead((0.0, 0.0, math.log(2)), math.log(8), 6)}
+    score = prompt_score(trie, reads)
+    assert score.label_mass == pytest.approx(4 / 8) and score.top_token_is_label
+    assert score.first_token_logits == (0.0, 0.0, math.log(2))
+    assert not prompt_score(trie, {(): NodeRead((0.0, 0.0, 0.0), 3.0, 99)}).top_token_is_label
 
 
 @pytest.mark.parametrize("labels, message", [

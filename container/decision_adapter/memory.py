@@ -1,0 +1,53 @@
+"""The model's memory: sequences in llama.cpp's KV cache, forks, and sequences saved to host RAM.
+
+``Memory`` is the only code that changes which cells hold what: it empties the memory between jobs, restores
+saved sequences (the resident head, cached states), forks a sequence (``llama_memory_seq_cp``, which shares
+cells, or, for models whose memory cannot be cut back, a save and restore of the sequence), serialises a
+sequence for the state cache and releases sequences.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Iterable
+
+import llama_cpp as llama
+
+from .executor import EngineError, RestoreFailed
+
+
+class Memory:
+    def __init__(self, ctx, fork_by: str):
+        self._ctx = ctx
+        self._memory = llama.llama_get_memory(ctx)
+        self.fork_by = fork_by
+
+    def reset(self) -> None:
+        """Empty every sequence: the next cells used are 0, 1, ... (the layout every job starts from)."""
+        llama.llama_memory_clear(self._memory, False)
+
+    def load(self, seq: int, data: bytes) -> None:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if llama.llama_state_seq_set_data(self._ctx, buf, len(data), seq) == 0:
+            raise RestoreFailed("llama_state_seq_set_data could not restore a saved sequence")
+
+    def save(self, seq: int) -> bytes:
+        size = llama.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        if written != size:
+            raise EngineError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
+        return bytes(buf)
+
+    def fork(self, src: int, dst: int) -> None:
+        if self.fork_by == "copy":
+            llama.llama_memory_seq_cp(self._memory, src, dst, -1, -1)
+        else:
+            self.load(dst, self.save(src))
+
+    def release(self, seqs: Iterable[int]) -> None:
+        for seq in seqs:
+            llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
+
+    def is_empty(self, seq: int) -> bool:
+        return llama.llama_memory_seq_pos_max(self._memory, seq) < 0

@@ -1,0 +1,231 @@
+"""The plan of one scoring job: what to decode on which sequence, decided before anything is decoded.
+
+Pure: no llama.cpp. ``plan_job`` turns a job's prompts (token ids), their answer-label tries, the prefix they
+share (the template head and the state) and what the state cache holds into steps that the executor runs in
+order, and knows the job's peak memory before the first token is decoded.
+
+The layout is what makes answers trustworthy. llama.cpp's logits depend on how tokens are grouped into
+micro-batches (the attention kernel and the quantised matrix kernels change with the row count and the row
+offsets) and on which memory cells the keys sit in (the attention sums cells in index order, in tiles of 64
+cells). Measured on the embedded model and on Qwen2.5-0.5B, either can move a probability by a few hundredths.
+So every job starts from empty memory, and every piece of a prompt is decoded the same way whatever else the
+request holds and whatever is cached:
+
+* sequence 0 gets the saved head (template head and system instruction) or, on a cache hit, the saved head and
+  state, restored into cells 0, 1, ...; a missing state is decoded in ``batch_tokens`` micro-batches from its
+  first token and saved for later requests;
+* each prompt in turn is forked from sequence 0 and its own tokens (question, options, answer position) are
+  decoded in micro-batches from its own first token, so they land in the cells right after the state;
+* its label paths (labels of several tokens, past 26 options) are then decoded side by side on forks of it,
+  one micro-batch per prompt, and every fork is released before the next prompt starts.
+
+A prompt therefore sees the same micro-batches and the same cells alone, beside other questions, on a cache
+hit or on a miss, and its probabilities are the same bit for bit. The cost is that the questions of one
+request are decoded one after another rather than side by side, which on a CPU (compute-bound) costs little.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence, Union
+
+from .readout import LabelTrie
+
+STATE_SEQ = 0
+PROMPT_SEQ = 1
+FIRST_PATH_SEQ = 2
+HEAD_BLOB = "head"
+
+
+@dataclass(frozen=True)
+class Read:
+    """Keep the logits after a chunk's last token: the next-token distribution at a label-trie node."""
+
+    prompt: int  # index of the prompt in the job
+    node: tuple[int, ...]  # the label tokens already answered; () is the answer position
+    tokens: tuple[int, ...]  # the node's children, whose logits the readout needs
+
+
+@dataclass(frozen=True)
+class Chunk:
+    seq: int
+    pos: int  # position of the first token
+    tokens: tuple[int, ...]
+    read: Read | None = None
+
+
+@dataclass(frozen=True)
+class Restore:
+    """Load a saved sequence (the head, or the head and a cached state) into ``seq``."""
+
+    seq: int
+    blob: str | bytes  # HEAD_BLOB or a state-cache key
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One llama_decode: these chunks, in this order, as one micro-batch."""
+
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class Fork:
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class Save:
+    """Serialise ``seq`` (head and state) into the state cache under ``key``."""
+
+    seq: int
+    key: bytes
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Release:
+    seqs: tuple[int, ...]
+
+
+Step = Union[Restore, Decode, Fork, Save, Release]
+
+
+@dataclass(frozen=True)
+class Limits:
+    batch_tokens: int  # most tokens in one llama_decode
+    cells: int  # memory cells the job may use (the context size)
+    sequences: int  # sequence ids the context has
+    fork_by: Literal["copy", "snapshot"] = "copy"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the planner needs to know about a job."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    tries: tuple[LabelTrie, ...]
+    head: int  # leading tokens of every prompt that the saved head holds (0: none usable)
+    state_end: int  # every prompt shares tokens [0, state_end): head and state, the cacheable prefix
+    state_key: bytes | None = None  # where the state is (or will be) cached; None: do not cache it
+    state_cached: bool = False
+    answered: frozenset[int] = frozenset()  # prompts whose whole answer the cache already holds
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: tuple[Step, ...]
+    peak_cells: int
+    sequences: int  # sequence ids used, 0 .. sequences - 1
+    shared_tokens: int  # state tokens decoded (0 on a cache hit)
+    cached_tokens: int  # state tokens restored from the cache instead
+    own_tokens: tuple[int, ...]  # tokens decoded for each prompt alone (0 for an answered prompt)
+    readout_tokens: int  # label-path tokens decoded
+
+
+class PlanError(ValueError):
+    """The job cannot be laid out within the limits; the message gives the numbers."""
+
+
+def chunked(seq: int, tokens: Sequence[int], pos: int, size: int, read: Read | None) -> list[Decode]:
+    """``tokens`` on ``seq`` from ``pos``, one micro-batch per ``size`` tokens from the first token; the last
+    token's logits are kept when ``read`` is given."""
+    steps = []
+    for start in range(0, len(tokens), size):
+        part = tuple(tokens[start:start + size])
+        last = start + size >= len(tokens)
+        steps.append(Decode((Chunk(seq, pos + start, part, read if last else None),)))
+    return steps
+
+
+def plan_job(spec: JobSpec, limits: Limits) -> Plan:
+    if not spec.prompts or len(spec.prompts) != len(spec.tries):
+        raise ValueError("one label trie per prompt is needed")
+    shortest = min(len(p) for p in spec.prompts)
+    if not 0 <= spec.head <= spec.state_end < shortest:
+        raise ValueError(f"the shared prefix ({spec.head} head, {spec.state_end} in all) must leave every "
+                         f"prompt at least one token of its own (shortest prompt: {shortest} tokens)")
+    snapshot = limits.fork_by == "snapshot"
+    steps: list[Step] = []
+    todo = [i for i in range(len(spec.prompts)) if i not in spec.answered]
+    shared = cached = 0
+    live: dict[int, int] = {}  # cells each live sequence holds on its own
+    peak = 0
+
+    def hold(seq: int, cells: int) -> None:
+        nonlocal peak
+        live[seq] = live.get(seq, 0) + cells
+        peak = max(peak, sum(live.values()))
+
+    own = [0] * len(spec.prompts)
+    readout = 0
+    paths_seqs = 0
+    if todo:
+        first = spec.prompts[todo[0]]
+        if spec.state_cached and spec.state_key is not None:
+            steps.append(Restore(STATE_SEQ, spec.state_key, spec.state_end))
+            hold(STATE_SEQ, spec.state_end)
+            cached = spec.state_end - spec.head
+        else:
+            if spec.head:
+                steps.append(Restore(STATE_SEQ, HEAD_BLOB, spec.head))
+                hold(STATE_SEQ, spec.head)
+            if spec.state_end > spec.head:
+                steps += chunked(STATE_SEQ, first[spec.head:spec.state_end], spec.head, limits.batch_tokens, None)
+                hold(STATE_SEQ, spec.state_end - spec.head)
+                shared = spec.state_end - spec.head
+                if spec.state_key is not None:
+                    steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end))
+        for i in todo:
+            prompt, trie = spec.prompts[i], spec.tries[i]
+            steps.append(Fork(STATE_SEQ, PROMPT_SEQ))
+            hold(PROMPT_SEQ, spec.state_end if snapshot else 0)
+            suffix = prompt[spec.state_end:]
+            steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens, Read(i, (), trie.children[()]))
+            hold(PROMPT_SEQ, len(suffix))
+            own[i] = len(suffix)
+            paths = trie.inner_nodes
+            room = limits.sequences - FIRST_PATH_SEQ
+            if paths and room < 1:
+                raise PlanError(f"labels of several tokens need at least {FIRST_PATH_SEQ + 1} sequences")
+            for group in _groups(paths, room, limits.batch_tokens):
+                seqs = tuple(range(FIRST_PATH_SEQ, FIRST_PATH_SEQ + len(group)))
+                paths_seqs = max(paths_seqs, len(group))
+                chunks = []
+                for seq, path in zip(seqs, group):
+                    steps.append(Fork(PROMPT_SEQ, seq))
+                    hold(seq, len(prompt) if snapshot else 0)
+                    chunks.append(Chunk(seq, len(prompt), path, Read(i, path, trie.children[path])))
+                    hold(seq, len(path))
+                    readout += len(path)
+                steps.append(Decode(tuple(chunks)))
+                steps.append(Release(seqs))
+                for seq in seqs:
+                    live.pop(seq)
+            steps.append(Release((PROMPT_SEQ,)))
+            live.pop(PROMPT_SEQ)
+        steps.append(Release((STATE_SEQ,)))
+    if peak > limits.cells:
+        raise PlanError(f"needs {peak} memory cells at its peak, over the {limits.cells} the model's context "
+                        f"has (ADAPTER_CTX_TOKENS)")
+    used = FIRST_PATH_SEQ + paths_seqs if paths_seqs else (PROMPT_SEQ + 1 if todo else 0)
+    return Plan(tuple(steps), peak, used, shared, cached, tuple(own), readout)
+
+
+def _groups(paths: list[tuple[int, ...]], seqs: int, batch_tokens: int) -> list[list[tuple[int, ...]]]:
+    """Label paths decoded side by side: as many as there are sequences and room in one micro-batch."""
+    groups: list[list[tuple[int, ...]]] = []
+    tokens = 0
+    for path in paths:
+        if not groups or len(groups[-1]) == seqs or tokens + len(path) > batch_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(path)
+        tokens += len(path)
+    return groups
