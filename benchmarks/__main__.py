@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(-1: all; needs GPU builds of llama-cpp-python and llama-server)")
     parser.add_argument("--shared-questions", type=int, default=8, metavar="N",
                         help="questions in the shared-state comparison (0 to skip)")
+    parser.add_argument("--no-repeated-state", dest="repeated_state", action="store_false",
+                        help="skip the repeated-state comparison (first request, new question, identical repeat)")
     parser.add_argument("--region", help="AWS region for sagemaker: endpoints")
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = parser.parse_args(argv)
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_tier:
         tasks = first_per_tier(tasks, args.per_tier)
     options = Options(tasks=tasks, endpoint=args.endpoint, generation=args.generation, model_dir=args.model_dir,
-                      threads=args.threads, gpu_layers=args.gpu_layers, shared_questions=args.shared_questions, out=args.out,
+                      threads=args.threads, gpu_layers=args.gpu_layers, shared_questions=args.shared_questions,
+                      repeated_state=args.repeated_state, out=args.out,
                       region=args.region, api_key=os.environ.get("ADAPTER_API_KEY") or None,
                       notes={"task_files": [str(p) for p in args.tasks], "tiers": list(TIERS)})
     result = run(options)

@@ -1,8 +1,9 @@
-"""`python -m benchmarks.prefill`: how fast one long state prefills at each micro-batch size.
+"""`python -m benchmarks.prefill`: how fast one long state prefills at each micro-batch size and attention mode.
 
-The engine decodes a request's state in ADAPTER_PREFILL_BATCH_TOKENS micro-batches and everything else in
-ADAPTER_BATCH_TOKENS ones; this measures what the first of those settings buys: Engine.prefill of the same
-tokens, forked from the resident prefix as scoring does, at each size, median of a few rounds, in one run.
+The engine decodes a state, and each question, in ADAPTER_BATCH_TOKENS micro-batches, with attention computed in
+32-bit floats (ADAPTER_FLASH_ATTENTION=off, ADAPTER_KV_CACHE_TYPE=f32) unless told otherwise; this measures what
+those settings cost: Engine.prefill of the same tokens after the saved head, at each size and mode, median of a
+few rounds, in one run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 SIZES = (32, 64, 128, 256, 512)
+ATTENTION = {"fp32": {"flash_attention": "off", "kv_cache_type": "f32"},
+             "flash": {"flash_attention": "on", "kv_cache_type": "f16"}}
 
 
 def state_text(tokens_wanted: int) -> str:
@@ -28,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.prefill", description=__doc__)
     parser.add_argument("--tokens", type=int, nargs="+", default=[500, 2500])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--attention", nargs="+", choices=list(ATTENTION), default=list(ATTENTION),
+                        help="fp32: flash attention off, f32 KV cache (the default); flash: on, f16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--gpu-layers", type=int, default=0, metavar="N",
@@ -43,17 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     base = replace(Settings.from_env(), model_dir=args.model_dir or str(embedded_model_dir()), threads=args.threads,
                    gpu_layers=args.gpu_layers)
     rows = []
-    for size in args.sizes:
-        model = load_decision_model(replace(base, prefill_batch_tokens=size))
-        try:
-            for wanted in args.tokens:
-                tokens = model.engine.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"), ("x", "y")))
-                times = [model.engine.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
-                rows.append({"prefill_batch_tokens": size, "tokens": times[0][1],
-                             "median_s": statistics.median(t for t, _ in times)})
-                print(f"micro-batch {size:4d}: {times[0][1]:5d} tokens in {rows[-1]['median_s']:.2f} s", flush=True)
-        finally:
-            model.engine.close()
+    for attention in args.attention:
+        for size in args.sizes:
+            model = load_decision_model(replace(base, batch_tokens=size, **ATTENTION[attention]))
+            try:
+                for wanted in args.tokens:
+                    tokens = model.engine.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"), ("x", "y")))
+                    times = [model.engine.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
+                    rows.append({"attention": attention, "batch_tokens": size, "tokens": times[0][1],
+                                 "median_s": statistics.median(t for t, _ in times)})
+                    print(f"{attention:5s} micro-batch {size:4d}: {times[0][1]:5d} tokens in "
+                          f"{rows[-1]['median_s']:.2f} s", flush=True)
+            finally:
+                model.engine.close()
 
     command = "python -m benchmarks.prefill " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown(rows, args, command.strip())
@@ -69,15 +76,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(rows: list[dict], args: argparse.Namespace, command: str) -> str:
     counts = sorted({r["tokens"] for r in rows})
-    by = {(r["prefill_batch_tokens"], r["tokens"]): r["median_s"] for r in rows}
-    smallest = min(r["prefill_batch_tokens"] for r in rows)
-    lines = [f"Prefill of one state forked from the resident prefix, {args.threads} threads, "
-             f"{args.gpu_layers} GPU layers, median of {args.rounds} rounds. Reproduce: `{command}`", "",
-             "| prefill micro-batch | " + " | ".join(f"{n} tokens" for n in counts) + " |",
-             "|---:|" + "---:|" * len(counts)]
-    for size in sorted({r["prefill_batch_tokens"] for r in rows}):
-        cells = [f"{by[size, n]:.2f} s ({by[smallest, n] / by[size, n]:.2f}x)" for n in counts]
-        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    by = {(r["attention"], r["batch_tokens"], r["tokens"]): r["median_s"] for r in rows}
+    reference = (rows[0]["attention"], rows[0]["batch_tokens"])
+    lines = [f"Prefill of one state after the saved head, {args.threads} threads, {args.gpu_layers} GPU layers, "
+             f"median of {args.rounds} rounds; in brackets the speed against {reference[0]} attention in "
+             f"micro-batches of {reference[1]}. Reproduce: `{command}`", "",
+             "| attention | micro-batch | " + " | ".join(f"{n} tokens" for n in counts) + " |",
+             "|---|---:|" + "---:|" * len(counts)]
+    for attention, size in dict.fromkeys((r["attention"], r["batch_tokens"]) for r in rows):
+        cells = [f"{by[attention, size, n]:.2f} s ({by[(*reference, n)] / by[attention, size, n]:.2f}x)"
+                 for n in counts]
+        lines.append(f"| {attention} | {size} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -73,7 +73,9 @@ def markdown(data: dict[str, Any]) -> str:
         lat = own["latency"]
         lines.append(f"| prefill floor, past the resident prefix | {_ms(lat['p50_s'])} | {_ms(lat['p95_s'])} | "
                      f"{_ms(lat['max_s'])} | - |")
-        lines += ["", f"Decision latency / prefill floor, median over tasks: **{floor['ratio_p50']:.2f}** against "
+        lines += ["", f"Decision latency / prefill floor (one llama_decode per micro-batch of the prompt, in-process), "
+                      f"median over the {floor.get('tasks', lat['n'])} tasks answered without the state cache: "
+                      f"**{floor['ratio_p50']:.2f}** against "
                       f"the whole prompt (median {floor['prompt_tokens_p50']:.0f} tokens), "
                       f"**{own['ratio_p50']:.2f}** against the tokens past the resident prefix (median "
                       f"{own['tokens_p50']:.0f}: what the adapter evaluates itself)."]
@@ -84,6 +86,17 @@ def markdown(data: dict[str, Any]) -> str:
                       f"{_ms(shared['one_request_s'])}, {shared['questions']} separate requests "
                       f"{_ms(shared['separate_requests_s'])}: **{shared['speedup']:.2f}x** (median of "
                       f"{shared['rounds']} rounds)."]
+    repeated = data.get("repeated_state")
+    if repeated:
+        lines += ["", f"Repeated state (task `{repeated['state_task']}`, medians of {repeated['rounds']} rounds):", "",
+                  "| path | first request | new question, same state | identical repeat |", "|---|---:|---:|---:|"]
+        for path, label in (("decision", "decision endpoint (state cache)"),
+                            ("generation", "generation (llama-server, prompt cache)")):
+            if path in repeated:
+                r = repeated[path]
+                lines.append(f"| {label} | {_ms(r['first_s'])} | {_ms(r['new_question_s'])} "
+                             f"({r['new_question_ratio']:.2f}x) | {_ms(r['identical_repeat_s'])} "
+                             f"({r['identical_repeat_ratio']:.2f}x) |")
     return "\n".join(lines) + "\n"
 
 

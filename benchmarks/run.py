@@ -7,7 +7,9 @@ For each task, in turn and never concurrently (the machine is shared by everythi
    with no HTTP and no readout: once from empty memory (the whole prompt, as a server without a
    prompt cache evaluates it), once forked from the resident prefix (only the tokens the adapter itself
    evaluates, so that the ratio to it is the adapter's own overhead).
-Then the shared-state comparison: N questions over one long state as one request, against N requests.
+Then the shared-state comparison (N questions over one long state as one request, against N requests) and the
+repeated-state comparison (a first request, a new question over the same state, an identical repeat), the latter
+for the adapter and for llama-server with its prompt cache, which keeps the previous prompt's prefix.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from .metrics import Outcome, accuracy, brier, ece, latency_summary
 from .tasks import Task
 
 SHARED_STATE_REPEATS = 3
+REPEATED_STATE_ROUNDS = 3
+REPEATED_STATE_CHARS = 3200  # about 800 tokens: the state of the repeated-state comparison
 
 
 @dataclass
@@ -40,6 +44,7 @@ class Options:
     threads: int
     gpu_layers: int = 0
     shared_questions: int = 8
+    repeated_state: bool = True
     out: Path = Path("benchmark-results")
     api_key: str | None = None
     region: str | None = None
@@ -57,9 +62,10 @@ def run(options: Options) -> dict[str, Any]:
             rows.append(_one_task(task, ours, chat, floor))
         shared = _shared_state(options.tasks, ours, floor, options.shared_questions) \
             if options.shared_questions > 1 else None
+        repeated = _repeated_state(options.tasks, ours, chat) if options.repeated_state else None
         if floor is not None:
             floor.engine.close()
-    return _summarise(options, rows, shared, ours, chat)
+    return _summarise(options, rows, shared, repeated, ours, chat)
 
 
 def _decision_endpoint(options: Options, stack: contextlib.ExitStack) -> JsonEndpoint:
@@ -118,13 +124,16 @@ class Row:
     prompt_tokens: int | None
     own_floor_s: float | None
     own_tokens: int | None
+    cached_tokens: int | None = None
 
 
 def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) -> Row:
+    cached_tokens = None
     try:
         body, latency = ours.call(task.system_one())
         ours_outcome = Outcome(task.id, task.tier, task.labels, task.expected,
                                tuple(task.distribution(body["answers"]["q"])), latency)
+        cached_tokens = body.get("x_cached_tokens")
     except (EndpointError, KeyError, ValueError) as exc:
         ours_outcome = Outcome(task.id, task.tier, task.labels, task.expected, None, None, str(exc)[:300])
 
@@ -148,7 +157,8 @@ def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) 
             tokens = prepared.tokens[0]
             floor_s, prompt_tokens = floor.engine.prefill(tokens)
             own_floor_s, own_tokens = floor.engine.prefill(tokens, reuse_resident=True)
-    return Row(task, ours_outcome, gen_outcome, parse_failure, reply, floor_s, prompt_tokens, own_floor_s, own_tokens)
+    return Row(task, ours_outcome, gen_outcome, parse_failure, reply, floor_s, prompt_tokens, own_floor_s, own_tokens,
+               cached_tokens)
 
 
 def _prepare(model, questions: list[dict[str, Any]], state: Any):
@@ -164,7 +174,9 @@ def _prepare(model, questions: list[dict[str, Any]], state: Any):
 
 
 def _shared_state(tasks: list[Task], ours: JsonEndpoint, floor, n: int) -> dict[str, Any] | None:
-    """N questions over the longest state: one request against N requests, median of a few rounds."""
+    """N questions over the longest state: one request against N requests, median of a few rounds. Every request
+    gets a state no request sent before (``_unseen``), so that both sides decode it: this measures what sharing
+    the state within one request saves, not the cross-request cache (the repeated-state comparison does)."""
     state_task = max(tasks, key=lambda t: len(t.state if isinstance(t.state, str) else str(t.state)))
     questions = []
     for task in tasks:
@@ -175,14 +187,16 @@ def _shared_state(tasks: list[Task], ours: JsonEndpoint, floor, n: int) -> dict[
     if len(questions) < 2:
         return None
     together_s, apart_s = [], []
+    fresh = iter(range(1, 1_000_000))
     for _ in range(SHARED_STATE_REPEATS):
-        body = {"model": "jev-latest", "state": state_task.state,
+        body = {"model": "jev-latest", "state": _unseen(state_task.state, next(fresh)),
                 "questions": {f"q{i}": q for i, q in enumerate(questions)}}
         _, elapsed = ours.call(body)
         together_s.append(elapsed)
         total = 0.0
         for q in questions:
-            _, elapsed = ours.call({"model": "jev-latest", "state": state_task.state, "questions": {"q": q}})
+            _, elapsed = ours.call({"model": "jev-latest", "state": _unseen(state_task.state, next(fresh)),
+                                    "questions": {"q": q}})
             total += elapsed
         apart_s.append(total)
     prepared = _prepare(floor, questions, state_task.state) if floor is not None else None
@@ -195,13 +209,60 @@ def _shared_state(tasks: list[Task], ours: JsonEndpoint, floor, n: int) -> dict[
     }
 
 
+def _repeated_state(tasks: list[Task], ours: JsonEndpoint, chat: JsonEndpoint | None) -> dict[str, Any] | None:
+    """First request, a new question over the same state, an identical repeat: medians over rounds, each round
+    over a state neither server has seen (a different first line), for the adapter and the generation path."""
+    def state_length(task: Task) -> int:
+        return len(task.state if isinstance(task.state, str) else str(task.state))
+
+    with_state = [t for t in tasks if isinstance(t.state, str)]
+    if not with_state:
+        return None
+    base = min(with_state, key=lambda t: abs(state_length(t) - REPEATED_STATE_CHARS))
+    other = next((t for t in tasks if t.question != base.question and t.kind == base.kind), None) \
+        or next((t for t in tasks if t.question != base.question), None)
+    if other is None:
+        return None
+    paths: dict[str, dict[str, list[float]]] = {"decision": {}, **({"generation": {}} if chat else {})}
+    cached: list[int] = []
+    for round_ in range(REPEATED_STATE_ROUNDS):
+        state = _unseen(base.state, round_ + 1)
+        first, new = replace(base, state=state), replace(other, state=state)
+        for name, (task, kind) in (("first", (first, "first")), ("new_question", (new, "new")),
+                                   ("identical_repeat", (new, "repeat"))):
+            body, elapsed = ours.call(task.system_one())
+            paths["decision"].setdefault(name, []).append(elapsed)
+            if kind == "new":
+                cached.append(int(body.get("x_cached_tokens") or 0))
+            if chat is not None:
+                _, elapsed = chat.call(generation.request(task))
+                paths["generation"].setdefault(name, []).append(elapsed)
+    out: dict[str, Any] = {"state_task": base.id, "question_task": other.id, "rounds": REPEATED_STATE_ROUNDS,
+                           "decision_cached_tokens_p50": statistics.median(cached)}
+    for path, times in paths.items():
+        medians = {name: statistics.median(values) for name, values in times.items()}
+        out[path] = {**{f"{name}_s": value for name, value in medians.items()},
+                     "new_question_ratio": medians["new_question"] / medians["first"],
+                     "identical_repeat_ratio": medians["identical_repeat"] / medians["first"]}
+    return out
+
+
+def _unseen(state: Any, case: int) -> Any:
+    """The state with a first line of its own, so that no cache holds its prefix."""
+    if isinstance(state, str):
+        return f"Case {case}.\n{state}"
+    if isinstance(state, dict):
+        return {"case": case, **state}
+    return [f"Case {case}.", *state]
+
+
 def _state_tokens(prepared) -> int:
     from decision_adapter.readout import common_prefix
 
     return common_prefix(prepared.tokens)
 
 
-def _summarise(options: Options, rows: list[Row], shared, ours: JsonEndpoint, chat) -> dict[str, Any]:
+def _summarise(options: Options, rows: list[Row], shared, repeated, ours: JsonEndpoint, chat) -> dict[str, Any]:
     def block(outcomes: list[Outcome]) -> dict[str, Any]:
         answered = [o for o in outcomes if o.distribution is not None]
         return {"n": len(outcomes), "answered": len(answered), "failures": len(outcomes) - len(answered),
@@ -230,12 +291,15 @@ def _summarise(options: Options, rows: list[Row], shared, ours: JsonEndpoint, ch
             "decisions_per_s": len(gen_latency) / sum(gen_latency) if gen_latency else math.nan,
             "max_tokens": generation.MAX_TOKENS,
         }
-    measured = [r for r in rows if r.floor_s and r.own_floor_s and r.ours.latency_s]
+    # The floor is what a miss evaluates; a task whose state an earlier task already brought into the cache
+    # evaluates less, and is left out of the ratio.
+    measured = [r for r in rows if r.floor_s and r.own_floor_s and r.ours.latency_s and not r.cached_tokens]
     if measured:
         result["prefill_floor"] = {
             "latency": latency_summary([r.floor_s for r in measured]),
             "ratio_p50": statistics.median(r.ours.latency_s / r.floor_s for r in measured),
             "prompt_tokens_p50": statistics.median(r.prompt_tokens for r in measured),
+            "tasks": len(measured),
             "after_resident": {
                 "latency": latency_summary([r.own_floor_s for r in measured]),
                 "ratio_p50": statistics.median(r.ours.latency_s / r.own_floor_s for r in measured),
@@ -244,11 +308,13 @@ def _summarise(options: Options, rows: list[Row], shared, ours: JsonEndpoint, ch
         }
     if shared:
         result["shared_state"] = shared
+    if repeated:
+        result["repeated_state"] = repeated
     result["rows"] = [{
         "id": r.task.id, "tier": r.task.tier, "type": r.task.kind, "expected": r.task.expected,
         "predicted": r.ours.predicted, "distribution": r.ours.distribution, "latency_s": r.ours.latency_s,
         "error": r.ours.error, "prompt_tokens": r.prompt_tokens, "floor_s": r.floor_s,
-        "own_tokens": r.own_tokens, "own_floor_s": r.own_floor_s,
+        "own_tokens": r.own_tokens, "own_floor_s": r.own_floor_s, "cached_tokens": r.cached_tokens,
         "generation": None if r.generation is None else {
             "predicted": r.generation.predicted, "reply": r.reply, "latency_s": r.generation.latency_s,
             "error": r.generation.error},
