@@ -79,9 +79,12 @@ BENCH_OUT ?= docs/benchmarks
 bench: $(VENV)/.dev
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT)/embedded-cpu $(BENCH_ARGS)
 	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.concurrency --out $(BENCH_OUT)/embedded-cpu
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --model-dir "$$($(PY) -m benchmarks.bench_model)" \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu $(BENCH_ARGS)
 	$(PY) -m benchmarks.prefill --model-dir "$$($(PY) -m benchmarks.bench_model)" --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.concurrency --model-dir "$$($(PY) -m benchmarks.bench_model)" \
+		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out

@@ -67,11 +67,12 @@ def llama_server_binary() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def llama_server(gguf: str, threads: int, gpu_layers: int, log: Path,
-                 ctx_tokens: int = 8192) -> contextlib.AbstractContextManager[str]:
-    """llama-server with the same GGUF, one slot, otherwise its defaults (as users run it); yields its base URL."""
+def llama_server(gguf: str, threads: int, gpu_layers: int, log: Path, ctx_tokens: int = 8192,
+                 parallel: int = 1) -> contextlib.AbstractContextManager[str]:
+    """llama-server with the same GGUF and ``parallel`` slots (continuous batching across them), otherwise its
+    defaults, prompt cache included (as users run it); yields its base URL. ``ctx_tokens`` is shared by the slots."""
     port = free_port()
     command = [llama_server_binary(), "--model", gguf, "--host", "127.0.0.1", "--port", str(port),
-               "--threads", str(threads), "--ctx-size", str(ctx_tokens), "--parallel", "1", "--no-webui",
+               "--threads", str(threads), "--ctx-size", str(ctx_tokens), "--parallel", str(parallel), "--no-webui",
                "--n-gpu-layers", str(gpu_layers) if gpu_layers >= 0 else "all"]
     return _serving("llama-server", command, port, "/health", log)

@@ -27,6 +27,7 @@ from . import decision_schema, systemone
 from .admission import Admission
 from .errors import ApiError, InputError, busy
 from .logs import log_request
+from .scheduler import Busy, DeadlineExceeded, ScoringFailed
 from .settings import Settings
 from .startup import Readiness, load_into
 
@@ -58,7 +59,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
     settings = settings or Settings.from_env()
     app = Flask(__name__)
     app.json.sort_keys = False
-    state = AdapterState(settings, Readiness(), Admission(settings.queue_depth, settings.queue_timeout_s), engine)
+    state = AdapterState(settings, Readiness(), Admission(settings.queue_depth), engine)
     app.extensions["decision_adapter"] = state
     if engine is not None and not defer_loading:
         load_into(state.readiness, settings, engine)
@@ -83,7 +84,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
         if request.endpoint not in SCORING_ENDPOINTS:
             return
         if not state.admission.try_enter():
-            raise busy(settings.retry_after_s)
+            raise busy(settings.retry_after_s, "the server is shutting down" if state.admission.draining else None)
         g.admitted = True
 
     @app.teardown_request
@@ -129,6 +130,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
     @app.get("/ping")
     def ping():
         readiness = state.readiness
+        if state.admission.draining:
+            return _json({"status": "draining", "detail": "the server is shutting down"}, 503)
         status = 200 if readiness.state == "ready" else 503
         return _json({"status": readiness.state, "detail": readiness.reason,
                       "admitted": state.admission.admitted, "capacity": state.admission.capacity}, status)
@@ -241,15 +244,16 @@ def _dispatch(obj: Any, model, state: AdapterState) -> tuple[dict[str, Any], int
 
 
 def _score(model, prepared, state: AdapterState):
-    with state.admission.model_turn() as waited:
-        if waited is None:
-            raise busy(state.settings.retry_after_s)
-        try:
-            scored, stats = model.score(prepared)
-        except Exception:
-            log.exception("scoring failed", extra={"fields": {"request_id": g.get("request_id")}})
-            raise ApiError(500, "scoring failed") from None
-    return scored, stats, waited
+    """Queue the request for the model and wait for it: 503 when the queue is full or the deadline passes."""
+    try:
+        ticket = model.submit(prepared, state.settings.request_timeout_s)
+        scored, stats = model.result(prepared, ticket)
+    except (Busy, DeadlineExceeded):
+        raise busy(state.settings.retry_after_s) from None
+    except ScoringFailed as exc:
+        log.error("scoring failed", extra={"fields": {"request_id": g.get("request_id"), "cause": str(exc)}})
+        raise ApiError(500, "scoring failed") from None
+    return scored, stats, ticket.queue_s
 
 
 def _jsonlines(body: bytes, handle: Callable[[Any], tuple[dict[str, Any], int]], max_lines: int) -> Response:

@@ -81,7 +81,7 @@ def parse_decision(value: Any, loc: Loc, max_options: int = MAX_OPTIONS) -> Deci
                         for i in range(len(options)))
     return Decision(decision_id, state, tuple(ids), Question(
         loc=loc, state=state, question=question, options=tuple(texts), option_locs=option_locs,
-        state_loc=loc + ("state",), question_loc=loc + ("question",)))
+        state_loc=loc + ("state",), question_loc=loc + ("question",), option_keys=tuple(ids)))
 
 
 def result(decision: Decision, scored: Scored, model_info: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +95,7 @@ def result(decision: Decision, scored: Scored, model_info: dict[str, Any]) -> di
         "readout": scored.readout,
         "label_mass": scored.label_mass,
         "top_token_is_label": scored.top_token_is_label,
+        **({"calibration": scored.calibration} if scored.calibration is not None else {}),
         "model": model_info,
     }
 

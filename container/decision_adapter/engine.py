@@ -17,13 +17,13 @@ import ctypes
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import llama_cpp as llama
 
 from .cache import PrefixCache, tokens_key
-from .executor import EngineError, Executor, RestoreFailed
+from .executor import EngineError, Executor, Outcome, RestoreFailed
 from .memory import Memory
 from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, PlanError, chunked, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix, prompt_score
@@ -35,7 +35,34 @@ log = logging.getLogger(__name__)
 VENDORED_LLAMA_CPP = {"0.3.36": "ggml-org/llama.cpp@0c1e57098"}
 KV_CACHE_TYPES = {"f32": llama.GGML_TYPE_F32, "f16": llama.GGML_TYPE_F16}
 
-__all__ = ["Engine", "EngineError", "EngineOptions", "GpuUnavailable", "PlanError"]
+__all__ = ["Engine", "EngineError", "EngineOptions", "GpuUnavailable", "Job", "PlanError"]
+
+
+@dataclass
+class Job:
+    """Everything one scoring job owns: its plan, the saved sequences it restores, what it has read so far.
+    Nothing of a job is kept on the engine, so jobs never see each other's state."""
+
+    spec: JobSpec
+    plan: Plan
+    blobs: dict[str | bytes, bytes]
+    answered: dict[int, PromptScore]  # prompts answered from the cache
+    answer_keys: tuple[bytes, ...]
+    outcome: Outcome = field(default_factory=Outcome)
+    next: int = 0  # index of the next step
+
+    @property
+    def done(self) -> bool:
+        return self.next >= len(self.plan.steps)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the job decodes: what it costs the model."""
+        return self.plan.shared_tokens + sum(self.plan.own_tokens) + self.plan.readout_tokens
+
+    def restart(self, plan: Plan) -> None:
+        self.plan, self.outcome, self.next = plan, Outcome(), 0
+        self.spec = replace(self.spec, state_cached=False)
 
 
 class GpuUnavailable(EngineError):
@@ -221,54 +248,81 @@ class Engine:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""
         return plan_job(spec, self.limits)
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held by whoever steps jobs: ``score`` for a lone caller, the scheduler thread otherwise."""
+        return self._lock
+
     def score(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie], *,
               state: tuple[int, int] | None = None) -> tuple[list[PromptScore], ScoreStats]:
-        """Score each prompt against its label trie; raises PlanError when the job cannot fit the memory."""
-        spec = self.job_spec(prompts, tries, state)
+        """Score each prompt against its label trie at once; raises PlanError when the job cannot fit the
+        memory. Concurrent callers go through a ``Scheduler``, which runs jobs step by step."""
+        job = self.begin(self.job_spec(prompts, tries, state))
         with self._lock:
-            return self._score(spec)
+            while self.step(job):
+                pass
+        return self.finish(job)
 
-    def _score(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats]:
-        answer_keys = [tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries)]
-        answered = {i: a for i, key in enumerate(answer_keys) if (a := self.cache.get(key)) is not None}
+    def begin(self, spec: JobSpec) -> Job:
+        """A job for ``spec``: what the cache already holds for it, and its plan. Any thread may call this."""
+        keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+        answered = {i: a for i, key in enumerate(keys) if (a := self.cache.get(key)) is not None}
         state_key = tokens_key("state", spec.prompts[0][:spec.state_end]) if spec.state_end > spec.head else None
         blobs: dict[str | bytes, bytes] = {HEAD_BLOB: self._head_blob} if self._head_blob else {}
-        cached_state = self.cache.get(state_key) if state_key is not None and len(answered) < len(spec.prompts) \
-            else None
+        cached_state = None
+        if state_key is not None and len(answered) < len(spec.prompts):
+            cached_state = self.cache.get(state_key)
         if cached_state is not None:
             blobs[state_key] = cached_state
-        job = JobSpec(spec.prompts, spec.tries, spec.head, spec.state_end, state_key, cached_state is not None,
-                      frozenset(answered))
-        try:
-            plan, outcome = self._run(job, blobs)
-        except RestoreFailed:
-            log.warning("a cached state could not be restored; decoding it again")
-            self.cache.discard(state_key)
-            job = JobSpec(job.prompts, job.tries, job.head, job.state_end, state_key, False, job.answered)
-            plan, outcome = self._run(job, blobs)
+        spec = replace(spec, state_key=state_key, state_cached=cached_state is not None,
+                       answered=frozenset(answered))
+        return Job(spec, plan_job(spec, self.limits), blobs, answered, keys)
+
+    def step(self, job: Job) -> bool:
+        """Run the job's next step; False once every step has run. Only the thread that owns the engine calls
+        this: a job starts from empty memory and leaves it empty, so jobs run one after another."""
+        if job.next == 0:
+            self._memory.reset()
+        if job.next < len(job.plan.steps):
+            try:
+                self._executor.run_step(job.plan.steps[job.next], self._memory, job.blobs, job.outcome)
+            except RestoreFailed:
+                log.warning("a cached state could not be restored; decoding it again")
+                self.cache.discard(job.spec.state_key)
+                job.restart(plan_job(replace(job.spec, state_cached=False), self.limits))
+                return True
+            except BaseException:
+                self.abandon(job)
+                raise
+            job.next += 1
+        if job.next == len(job.plan.steps):
+            self._memory.reset()
+            return False
+        return True
+
+    def abandon(self, job: Job) -> None:
+        """Drop a job part way (a deadline, a failure): its memory is freed for the next one."""
+        job.next = len(job.plan.steps)
+        self._memory.reset()
+
+    def finish(self, job: Job) -> tuple[list[PromptScore], ScoreStats]:
+        """The job's scores and stats once every step has run; its state and answers go into the cache."""
+        spec, plan, outcome = job.spec, job.plan, job.outcome
         for key, blob in outcome.saved.items():
             self.cache.put(key, blob)
         scores = []
         for i, trie in enumerate(spec.tries):
-            if i in answered:
-                scores.append(answered[i])
+            if i in job.answered:
+                scores.append(job.answered[i])
                 continue
             score = prompt_score(trie, {node: read for (p, node), read in outcome.reads.items() if p == i})
-            self.cache.put(answer_keys[i], score)
+            self.cache.put(job.answer_keys[i], score)
             scores.append(score)
-        cached = plan.cached_tokens + sum(len(spec.prompts[i]) - spec.head for i in answered)
+        cached = plan.cached_tokens + sum(len(spec.prompts[i]) - spec.head for i in job.answered)
         stats = ScoreStats(resident_tokens=spec.head, shared_tokens=plan.shared_tokens, cached_tokens=cached,
                            own_tokens=plan.own_tokens, readout_tokens=plan.readout_tokens,
                            prefill_s=outcome.prefill_s, readout_s=outcome.readout_s)
         return scores, stats
-
-    def _run(self, job: JobSpec, blobs: dict[str | bytes, bytes]):
-        plan = plan_job(job, self.limits)
-        self._memory.reset()
-        try:
-            return plan, self._executor.run(plan, self._memory, blobs)
-        finally:
-            self._memory.reset()
 
     def prefill(self, tokens: Sequence[int], *, reuse_resident: bool = False) -> tuple[float, int]:
         """Seconds to llama_decode ``tokens`` in the fastest layout (one micro-batch per ``batch_tokens``

@@ -37,6 +37,7 @@ def dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def busy(retry_after_s: int) -> ApiError:
-    return ApiError(503, "model is busy; retry the request", headers={"Retry-After": str(retry_after_s)},
-                    body={"error": "model is busy; retry the request", "retryable": True})
+def busy(retry_after_s: int, reason: str | None = None) -> ApiError:
+    message = "model is busy; retry the request"
+    body = {"error": message, "retryable": True, **({"reason": reason} if reason else {})}
+    return ApiError(503, message, headers={"Retry-After": str(retry_after_s)}, body=body)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import llama_cpp as llama
 import numpy as np
 
-from .plan import Decode, Fork, Plan, Read, Release, Restore, Save
+from .plan import Decode, Fork, Plan, Read, Release, Restore, Save, Step
 from .readout import NodeRead
 
 if TYPE_CHECKING:
@@ -55,25 +55,25 @@ class Executor:
         """Run every step; ``blobs`` holds the saved sequences the plan restores, by key."""
         outcome = Outcome()
         for step in plan.steps:
-            started = time.perf_counter()
-            if isinstance(step, Decode):
-                self.decode(step, outcome.reads)
-                labels = any(c.read is not None and c.read.node for c in step.chunks)
-                if labels:
-                    outcome.readout_s += time.perf_counter() - started
-                else:
-                    outcome.prefill_s += time.perf_counter() - started
-                continue
-            if isinstance(step, Restore):
-                memory.load(step.seq, blobs[step.blob])
-            elif isinstance(step, Fork):
-                memory.fork(step.src, step.dst)
-            elif isinstance(step, Save):
-                outcome.saved[step.key] = memory.save(step.seq)
-            elif isinstance(step, Release):
-                memory.release(step.seqs)
-            outcome.prefill_s += time.perf_counter() - started
+            self.run_step(step, memory, blobs, outcome)
         return outcome
+
+    def run_step(self, step: Step, memory: "Memory", blobs: dict[str | bytes, bytes], outcome: Outcome) -> None:
+        started = time.perf_counter()
+        if isinstance(step, Decode):
+            self.decode(step, outcome.reads)
+            if any(c.read is not None and c.read.node for c in step.chunks):
+                outcome.readout_s += time.perf_counter() - started
+                return
+        elif isinstance(step, Restore):
+            memory.load(step.seq, blobs[step.blob])
+        elif isinstance(step, Fork):
+            memory.fork(step.src, step.dst)
+        elif isinstance(step, Save):
+            outcome.saved[step.key] = memory.save(step.seq)
+        elif isinstance(step, Release):
+            memory.release(step.seqs)
+        outcome.prefill_s += time.perf_counter() - started
 
     def decode(self, step: Decode, reads: dict[tuple[int, tuple[int, ...]], NodeRead]) -> None:
         batch = self._batch

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+# Names the prompt below: a calibration is fitted for one version (calibration.json) and refused for another.
+PROMPT_VERSION = "2026-12-01.1"
 SYSTEM_INSTRUCTION = (
     "You are a decision model. Read the state, then answer the question by choosing exactly one of the "
     "labelled options. Reply with the option's label only.")

@@ -104,6 +104,11 @@ def prompt_score(trie: LabelTrie, reads: dict[tuple[int, ...], NodeRead]) -> Pro
     return PromptScore(trie.logprobs(reads), first, min(1.0, mass), root.top_token in firsts)
 
 
+def log_sum_exp(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
+
+
 def softmax(values: Sequence[float]) -> list[float]:
     top = max(values)
     weights = [math.exp(v - top) for v in values]

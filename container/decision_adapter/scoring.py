@@ -19,7 +19,7 @@ from .labels import MAX_OPTIONS, PAIRED, SINGLE, labels_for
 from .model_files import ModelIdentity
 from .prompt import QUESTION_HEADING, ChatTemplate, PromptLayout, TemplateError, user_payload
 from .plan import PlanError
-from .readout import LabelTrie, common_prefix, softmax
+from .readout import LabelTrie, common_prefix, log_sum_exp, softmax
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
                   "(last prompt position); no tokens generated")
@@ -31,6 +31,18 @@ PROBE_STATE = "Customer asks to reset a forgotten password and says the reset em
 PROBE_QUESTION = "Which queue should handle this request?"
 PROBE_OPTIONS = ("Account access and authentication support.", "Billing and payment support.",
                  "Sales and product evaluation.")
+
+
+def orderings(keys: Sequence[str], k: int) -> list[tuple[int, ...]]:
+    """The orderings a question is scored in, as option indices: the request's order for k = 1; for k >= 2 the
+    canonical order (by key, then by position) and k evenly spaced cyclic shifts of it, so that the orderings,
+    and with them the answer, depend on the option set alone. k is capped at the number of options."""
+    n = len(keys)
+    if k <= 1:
+        return [tuple(range(n))]
+    canonical = sorted(range(n), key=lambda i: (keys[i], i))
+    k = min(k, n)
+    return [tuple(canonical[(j + (step * n) // k) % n] for j in range(n)) for step in range(k)]
 
 
 class ModelIncompatible(RuntimeError):
@@ -49,6 +61,7 @@ class ScoringEngine(Protocol):
     def piece(self, token: int) -> bytes: ...
     def keep_resident(self, tokens: Sequence[int]) -> None: ...
     def job_spec(self, prompts, tries, state: tuple[int, int] | None = None): ...
+    def begin(self, spec): ...
     def plan(self, spec): ...
     def score(self, prompts, tries, *, state: tuple[int, int] | None = None): ...
 
@@ -64,16 +77,23 @@ class Question:
     option_locs: tuple[Loc, ...]
     state_loc: Loc
     question_loc: Loc
+    option_keys: tuple[str, ...] = ()  # what orders the options canonically: ids or names (default: the texts)
+    permutations: int | None = None  # orderings averaged: 1 is the request's order; None: the server's default
+    kind: str | None = None  # noul, choice or score (System One); the calibration is per kind
 
 
 @dataclass(frozen=True)
 class Prepared:
+    """A request rendered and tokenized: one prompt per ordering of each question's options."""
+
     questions: tuple[Question, ...]
     prompts: tuple[str, ...]
     tokens: tuple[tuple[int, ...], ...]
     request_tokens: int
     state: tuple[int, int]  # the span of tokens every prompt has whatever its question: its state
     tries: tuple[LabelTrie, ...]
+    orders: tuple[tuple[int, ...], ...]  # for each prompt, the option (request index) shown at each position
+    owners: tuple[int, ...]  # for each prompt, the index of its question
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,7 @@ class Scored:
     readout: str
     label_mass: float  # full-vocabulary probability the labels' first tokens hold at the answer position
     top_token_is_label: bool
+    calibration: dict[str, Any] | None = None  # the calibration applied to the probabilities, if any
 
 
 @dataclass(frozen=True)
@@ -114,6 +135,9 @@ class DecisionModel:
         self._tries: dict[int, Any] = {}
         engine.keep_resident(self._head_tokens)
         self.model_info = {**identity.as_dict(), **runtime}
+        self.scheduler = None  # set once the model is ready to serve (startup)
+        self.calibration = None  # a calibration.json fitted for this GGUF and prompt (startup)
+        self.default_permutations = 1  # ADAPTER_PERMUTATIONS
 
     # ---- start-up checks -----------------------------------------------------------------------
 
@@ -165,13 +189,19 @@ class DecisionModel:
             self.check_text(q.question_loc, q.question)
             for loc, text in zip(q.option_locs, q.options):
                 self.check_text(loc, text)
-        prompts = tuple(self.render(q.state, q.question, labels_for(len(q.options)), q.options) for q in questions)
+        owners, orders = [], []
+        for i, q in enumerate(questions):
+            for order in orderings(q.option_keys or q.options, q.permutations or self.default_permutations):
+                owners.append(i)
+                orders.append(order)
+        prompts = tuple(self.render(questions[i].state, questions[i].question, labels_for(len(order)),
+                                    [questions[i].options[j] for j in order]) for i, order in zip(owners, orders))
         tokens = tuple(tuple(self.engine.tokenize(p)) for p in prompts)
         ceiling = min(self.limits.max_prompt_tokens, self.engine.ctx_tokens - 2)
-        for q, t in zip(questions, tokens):
+        for i, t in zip(owners, tokens):
             if len(t) > ceiling:
-                raise InputError(q.loc, f"renders to a prompt of {len(t)} tokens, over the limit of {ceiling}",
-                                 kind="value_error.prompt_too_long")
+                raise InputError(questions[i].loc, f"renders to a prompt of {len(t)} tokens, over the limit of "
+                                 f"{ceiling}", kind="value_error.prompt_too_long")
         resident = min(self.engine.resident_tokens, common_prefix(tokens))
         shared = common_prefix(tokens) if len(tokens) > 1 else resident
         request_tokens = (shared - resident) + sum(len(t) - shared for t in tokens)
@@ -181,15 +211,15 @@ class DecisionModel:
                              f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
         # Questions over one state (a System One request, shared decisions) tokenize its prefix once.
         prefixes = {state: self._state_prefix(state) for state in dict.fromkeys(q.state for q in questions)}
-        spans = [self._span(prefixes[q.state], t) for q, t in zip(questions, tokens)]
+        spans = [self._span(prefixes[questions[i].state], t) for i, t in zip(owners, tokens)]
         span = (min(s for s, _ in spans), min(e for _, e in spans))
-        tries = tuple(self.trie(len(q.options)) for q in questions)
+        tries = tuple(self.trie(len(order)) for order in orders)
         try:
             self.engine.plan(self.engine.job_spec(tokens, tries, span))
         except PlanError as exc:
             raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc, str(exc),
                              kind="value_error.request_too_large") from None
-        return Prepared(tuple(questions), prompts, tokens, request_tokens, span, tries)
+        return Prepared(tuple(questions), prompts, tokens, request_tokens, span, tries, tuple(orders), tuple(owners))
 
     def state_span(self, state: str, tokens: Sequence[int]) -> tuple[int, int]:
         """Where a prompt's state begins and ends in its tokens: after the head, up to and including the
@@ -204,19 +234,48 @@ class DecisionModel:
         start = common_prefix([self._head_tokens, tokens])
         return start, max(start, common_prefix([state_prefix, tokens]))
 
-    def score(self, prepared: Prepared):
+    def submit(self, prepared: Prepared, timeout_s: float):
+        """Hand the prepared request to the scheduler; raises scheduler.Busy when the queue is full."""
+        job = self.engine.begin(self.engine.job_spec(prepared.tokens, prepared.tries, prepared.state))
+        return self.scheduler.submit(job, timeout_s)
+
+    def result(self, prepared: Prepared, ticket) -> tuple[list[Scored], Any]:
+        scores, stats = self.scheduler.result(ticket)
+        return self._results(prepared, scores), stats
+
+    def score(self, prepared: Prepared) -> tuple[list[Scored], Any]:
+        """Score at once, on the caller's thread (start-up, benchmarks); serving goes through submit."""
         scores, stats = self.engine.score(prepared.tokens, prepared.tries, state=prepared.state)
+        return self._results(prepared, scores), stats
+
+    def _results(self, prepared: Prepared, scores) -> list[Scored]:
+        """One result per question, in the request's option order: a question scored in several orderings has
+        each ordering's label log-probabilities aligned back to its options and averaged, then the softmax."""
         results = []
-        for prompt, tokens, trie, score in zip(prepared.prompts, prepared.tokens, prepared.tries, scores):
-            single = trie.depth == 1
+        for i in range(len(prepared.questions)):
+            mine = [k for k, owner in enumerate(prepared.owners) if owner == i]
+            n = len(prepared.orders[mine[0]])
+            single = all(prepared.tries[k].depth == 1 for k in mine)
+            aligned = [[0.0] * n for _ in mine]
+            for row, k in zip(aligned, mine):
+                values = scores[k].first_token_logits if single else scores[k].label_logprobs
+                for position, option in enumerate(prepared.orders[k]):
+                    row[option] = values[position] - (log_sum_exp(values) if len(mine) > 1 else 0.0)
+            logits = tuple(math.fsum(row[o] for row in aligned) / len(mine) for o in range(n))
+            prompts = [prepared.prompts[k] for k in mine]
+            kind = prepared.questions[i].kind
+            calibrated = self.calibration.probabilities(logits, kind) if self.calibration else softmax(logits)
             results.append(Scored(
-                probabilities=tuple(softmax(score.label_logprobs)),
-                option_logits=tuple(score.first_token_logits if single else score.label_logprobs),
-                prompt_sha256=hashlib.sha256(prompt.encode("utf-8")).hexdigest(),
-                input_tokens=len(tokens),
-                readout=READOUT_SINGLE if single else READOUT_CHAIN,
-                label_mass=score.label_mass, top_token_is_label=score.top_token_is_label))
-        return results, stats
+                probabilities=tuple(calibrated),
+                option_logits=logits,
+                prompt_sha256=hashlib.sha256("\0".join(prompts).encode("utf-8")).hexdigest(),
+                input_tokens=sum(len(prepared.tokens[k]) for k in mine),
+                readout=(READOUT_SINGLE if single else READOUT_CHAIN) + (
+                    f"; averaged in log space over {len(mine)} orderings of the options" if len(mine) > 1 else ""),
+                label_mass=math.fsum(scores[k].label_mass for k in mine) / len(mine),
+                top_token_is_label=all(scores[k].top_token_is_label for k in mine),
+                calibration=self.calibration.describe(kind) if self.calibration else None))
+        return results
 
     def probe(self) -> Scored:
         """Score a fixed decision; start-up is not complete until this gives a proper distribution."""

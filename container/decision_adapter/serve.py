@@ -8,6 +8,7 @@ backend. Each worker then loads its own model in the background while /ping answ
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from gunicorn.app.base import BaseApplication
@@ -46,7 +47,7 @@ class _Gunicorn(BaseApplication):
         s = self.settings
         for key, value in {
             "bind": f"{s.host}:{s.port}",
-            "workers": s.workers,
+            "workers": 1,  # one model copy and one scheduler per process: more workers would split the CPUs
             "worker_class": "gthread",
             "threads": s.http_threads,
             # The gthread worker heartbeats from its main thread, so a long scoring call does not
@@ -58,6 +59,7 @@ class _Gunicorn(BaseApplication):
             "errorlog": "-",
             "loglevel": "warning",
             "preload_app": False,  # llama.cpp state must not cross a fork
+            "post_worker_init": _drain_on_sigterm,
         }.items():
             self.cfg.set(key, value)
 
@@ -65,6 +67,20 @@ class _Gunicorn(BaseApplication):
         from .app import create_app
 
         return create_app(self.settings)
+
+
+def _drain_on_sigterm(worker) -> None:
+    """On SIGTERM, turn new requests away (503, /ping 503) before gunicorn stops accepting: requests in flight
+    finish within the graceful timeout."""
+    stop = signal.getsignal(signal.SIGTERM)
+    admission = worker.wsgi.extensions["decision_adapter"].admission
+
+    def drain(signum, frame) -> None:
+        admission.draining = True
+        if callable(stop):
+            stop(signum, frame)
+
+    signal.signal(signal.SIGTERM, drain)
 
 
 def run(settings: Settings) -> None:

@@ -37,8 +37,6 @@ class Settings:
     port: int = _setting("SAGEMAKER_BIND_TO_PORT", 8080, "TCP port to listen on (SageMaker sets it).",
                          low=1, high=65535)
     host: str = _setting("ADAPTER_HOST", "0.0.0.0", "Address to bind; `make run` uses 127.0.0.1.")
-    workers: int = _setting("ADAPTER_WORKERS", 1, "gunicorn worker processes; each loads its own model copy.",
-                            low=1, high=64)
     graceful_timeout_s: int = _setting("ADAPTER_GRACEFUL_TIMEOUT_S", 60,
                                        "Seconds in-flight requests get to finish after SIGTERM.", low=1, high=3600)
     log_level: str = _setting("ADAPTER_LOG_LEVEL", "info", "Log level of the adapter's own logger.",
@@ -66,6 +64,10 @@ class Settings:
                                        "llama.cpp sequences: the state, the question being read, and forks "
                                        "for the label paths past 26 options (up to 26 side by side).",
                                        low=4, high=256)
+    permutations: int = _setting("ADAPTER_PERMUTATIONS", 1,
+                                 "Orderings of the options each decision is scored in and averaged over, unless the "
+                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
+                                 "make the answer independent of it.", low=1, high=16)
     state_cache_mb: int = _setting("ADAPTER_STATE_CACHE_MB", 1024,
                                    "Host memory for states and answers kept across requests (least recently "
                                    "used first out); 0 turns the cache off.", low=0, high=1_048_576)
@@ -92,13 +94,16 @@ class Settings:
                                        "Most tokens one request may make the model evaluate (shared state once "
                                        "plus each question's own tokens).", low=64, high=16_777_216)
 
-    # Admission
-    queue_depth: int = _setting("ADAPTER_QUEUE_DEPTH", 4,
-                                "Requests that may wait for the model behind the one being scored; more get 503.",
-                                low=0, high=1024)
-    queue_timeout_s: float = _setting("ADAPTER_QUEUE_TIMEOUT_S", 30.0,
-                                      "Longest wait for the model before a queued request gets 503.",
-                                      low=0.0, high=3600.0)
+    # Admission and deadlines
+    queue_depth: int = _setting("ADAPTER_QUEUE_DEPTH", 16,
+                                "Requests that may be read and wait for the model at once; more get 503 before "
+                                "their body is read.", low=1, high=1024)
+    queue_tokens: int = _setting("ADAPTER_QUEUE_TOKENS", 32768,
+                                 "Tokens of work (to decode) that may be queued and running; a request that would "
+                                 "pass it gets 503 (a request alone is always accepted).", low=64, high=16_777_216)
+    request_timeout_s: float = _setting("ADAPTER_REQUEST_TIMEOUT_S", 55.0,
+                                        "Deadline of a request, below SageMaker's 60 s: past it the request gets "
+                                        "503 and its work is dropped at the next micro-batch.", low=0.1, high=3600.0)
     retry_after_s: int = _setting("ADAPTER_RETRY_AFTER_S", 1, "Retry-After seconds sent with a busy 503.",
                                   low=0, high=3600)
 
@@ -109,6 +114,10 @@ class Settings:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(f, getattr(self, f.name))
+        if self.queue_tokens < self.max_request_tokens:
+            raise SettingsError(
+                f"ADAPTER_QUEUE_TOKENS={self.queue_tokens} is smaller than ADAPTER_MAX_REQUEST_TOKENS="
+                f"{self.max_request_tokens}: a request within the limits could never be queued beside another")
         if self.ctx_tokens < self.max_prompt_tokens + LABEL_PATH_CELLS:
             raise SettingsError(
                 f"ADAPTER_CTX_TOKENS={self.ctx_tokens} is smaller than ADAPTER_MAX_PROMPT_TOKENS="
@@ -117,8 +126,8 @@ class Settings:
 
     @property
     def http_threads(self) -> int:
-        """Threads per worker: one scoring, the queue behind it, and spares that answer /ping and 503s."""
-        return self.queue_depth + 3
+        """Threads of the one worker process: the requests admitted, and spares that answer /ping and 503s."""
+        return self.queue_depth + 2
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":

@@ -11,7 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .calibration import CalibrationError
+from .calibration import load as load_calibration
 from .model_files import ModelFilesError, find_gguf, verify
+from .prompt import PROMPT_VERSION
+from .scheduler import Scheduler
 from .scoring import DecisionModel, Limits, ModelIncompatible
 from .settings import Settings
 
@@ -51,11 +55,14 @@ def engine_options(settings: Settings):
                          state_cache_bytes=settings.state_cache_mb << 20)
 
 
-def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel:
-    """Verify the GGUF against its manifest, load it (unless an engine is given) and score the probe."""
+def load_decision_model(settings: Settings, engine: Any = None, *, calibrated: bool = True) -> DecisionModel:
+    """Verify the GGUF against its manifest (and a calibration.json against both), load it (unless an engine is
+    given) and score the probe; ``calibrated=False`` ignores a calibration file (to fit a new one)."""
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
+    calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256,
+                                   prompt_version=PROMPT_VERSION) if calibrated else None
     if engine is None:
         from .engine import Engine
 
@@ -67,8 +74,12 @@ def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel
                           Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                           served_id=settings.model_id.strip())
     model.probe()
+    model.calibration = calibration
+    model.default_permutations = settings.permutations
+    model.scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
                                               "manifest": identity.manifest,
+                                              "calibration": dict(calibration.temperatures) if calibration else None,
                                               "load_s": round(time.perf_counter() - started, 3)}})
     return model
 
@@ -76,7 +87,7 @@ def load_decision_model(settings: Settings, engine: Any = None) -> DecisionModel
 def load_into(readiness: Readiness, settings: Settings, engine: Any = None) -> None:
     try:
         readiness.ready(load_decision_model(settings, engine))
-    except (ModelFilesError, ModelIncompatible) as exc:
+    except (ModelFilesError, ModelIncompatible, CalibrationError) as exc:
         log.error("model not usable: %s", exc)
         readiness.failed(str(exc))
     except Exception as exc:  # noqa: BLE001 - any start-up failure must keep /ping at 503, with the cause logged

@@ -101,7 +101,7 @@ def _item(qid: str, q: Any, state: str) -> Item:
         names, texts, option_locs, legend = _score(criteria, loc)
     return Item(qid, qtype, names, legend, Question(
         loc=loc, state=state, question=question_text, options=texts, option_locs=option_locs,
-        state_loc=("body", "state"), question_loc=loc + ("instructions",)))
+        state_loc=("body", "state"), question_loc=loc + ("instructions",), option_keys=names, kind=qtype))
 
 
 def _noul(criteria: Any, loc: Loc):
@@ -178,6 +178,8 @@ def answer(item: Item, scored: Scored) -> dict[str, Any]:
                "confidence": score_confidence(p)}
     out["x_prompt_sha256"] = scored.prompt_sha256
     out["x_label_mass"] = scored.label_mass
+    if scored.calibration is not None:
+        out["x_calibration"] = scored.calibration
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -63,6 +64,21 @@ class FakeEngine:
     def plan(self, spec: JobSpec):
         return plan_job(spec, self.limits)
 
+    lock = threading.Lock()
+
+    def begin(self, spec: JobSpec) -> "FakeJob":
+        return FakeJob(spec, sum(len(p) for p in spec.prompts))
+
+    def step(self, job: "FakeJob") -> bool:
+        job.result = self.score(job.spec.prompts, job.spec.tries)
+        return False
+
+    def abandon(self, job: "FakeJob") -> None:
+        job.result = None
+
+    def finish(self, job: "FakeJob"):
+        return job.result
+
     def score(self, prompts, tries: Sequence[LabelTrie], *, state: tuple[int, int] | None = None):
         self.calls += 1
         self.state = state
@@ -77,6 +93,13 @@ class FakeEngine:
             scores.append(prompt_score(trie, reads))
         stats = ScoreStats(self.resident_tokens, 0, 0, tuple(len(p) for p in prompts), 0, 0.001, 0.0001)
         return scores, stats
+
+
+@dataclass
+class FakeJob:
+    spec: JobSpec
+    tokens: int
+    result: object = None
 
 
 def fake_model_dir(tmp_path: Path) -> Path:

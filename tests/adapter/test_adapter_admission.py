@@ -34,40 +34,69 @@ def test_full_worker_answers_503_before_reading_the_body(app, client, example, s
     assert post(client, example).status_code == 200
 
 
-def test_request_behind_a_busy_model_is_turned_away_when_the_queue_is_full(tmp_path, settings, example):
+def held_model(tmp_path, settings, **changes):
+    """An app on the fake engine whose first scoring job blocks until released."""
     engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
-    app = create_app(dataclasses.replace(settings, queue_depth=0), engine)
+    app = create_app(dataclasses.replace(settings, **changes), engine)
     release = threading.Event()
     engine.on_score = lambda: release.wait(30)
     engine.scoring.clear()
-    client = app.test_client()
-    first: dict = {}
-    worker = threading.Thread(target=lambda: first.setdefault("response", post(app.test_client(), example)))
+    return engine, app, release
+
+
+def in_background(app, body) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.setdefault("response", post(app.test_client(), body)))
     worker.start()
+    return worker, out
+
+
+def test_work_is_admitted_by_tokens_queued_first_come_first_served(tmp_path, settings, example):
+    """While a job runs, a request whose tokens would pass ADAPTER_QUEUE_TOKENS gets 503 at once; a smaller one
+    waits its turn and is answered."""
+    engine, app, release = held_model(tmp_path, settings, queue_tokens=1000, max_request_tokens=1000)
+    first, first_out = in_background(app, example)
     try:
         assert engine.scoring.wait(30), "the first request reached the model"
-        second = post(client, example)
-        assert second.status_code == 503 and second.get_json() == BUSY
+        queued_tokens = app.extensions["decision_adapter"].readiness.model.scheduler.queued_tokens
+        assert 300 < queued_tokens < 500
+        big = {"decision": {**example["decision"], "state": example["decision"]["state"] + " More." * 100}}
+        response = post(app.test_client(), big)
+        assert response.status_code == 503 and response.get_json() == BUSY
+        assert response.headers["Retry-After"] == str(settings.retry_after_s)
+        small, small_out = in_background(app, {"decision": {**example["decision"], "id": "small"}})
+        small.join(0.3)
+        assert small.is_alive(), f"the small request waits behind the running one: {small_out}"
     finally:
         release.set()
-        worker.join(30)
-    assert first["response"].status_code == 200
-    assert post(client, example).status_code == 200
+        first.join(30)
+        small.join(30)
+    assert first_out["response"].status_code == 200
+    assert small_out["response"].status_code == 200
+    assert small_out["response"].get_json()["result"]["id"] == "small"
 
 
-def test_queued_request_gives_up_after_the_queue_timeout(tmp_path, settings, example):
-    engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
-    app = create_app(dataclasses.replace(settings, queue_depth=1, queue_timeout_s=0.2), engine)
-    release = threading.Event()
-    engine.on_score = lambda: release.wait(30)
-    engine.scoring.clear()
-    worker = threading.Thread(target=lambda: post(app.test_client(), example))
-    worker.start()
+def test_a_request_past_its_deadline_in_the_queue_gets_503_and_never_reaches_the_model(tmp_path, settings, example):
+    engine, app, release = held_model(tmp_path, settings, request_timeout_s=0.3)
+    first, _ = in_background(app, example)
     try:
         assert engine.scoring.wait(30)
-        queued = post(app.test_client(), example)  # admitted to the queue, then waits 0.2 s for the model
+        queued = post(app.test_client(), example)
         assert queued.status_code == 503 and queued.get_json() == BUSY
-        assert engine.calls == 2, "the queued request never reached the model"
     finally:
         release.set()
-        worker.join(30)
+        first.join(30)
+    assert engine.calls == 2, "the probe and the first request; the late request was dropped, not scored"
+
+
+def test_a_draining_server_turns_new_requests_away_and_ping_says_so(app, client, example):
+    admission = app.extensions["decision_adapter"].admission
+    admission.draining = True
+    try:
+        response = post(client, example)
+        assert response.status_code == 503 and response.get_json()["retryable"] is True
+        assert response.get_json()["reason"] == "the server is shutting down"
+        assert client.get("/ping").status_code == 503
+    finally:
+        admission.draining = False
+    assert post(client, example).status_code == 200

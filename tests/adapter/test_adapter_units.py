@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -18,16 +19,16 @@ from decision_adapter.settings import Settings, SettingsError
 
 
 def test_settings_read_the_environment_once_with_types():
-    s = Settings.from_env({"SAGEMAKER_BIND_TO_PORT": "9000", "ADAPTER_THREADS": "3", "ADAPTER_QUEUE_TIMEOUT_S": "2.5",
+    s = Settings.from_env({"SAGEMAKER_BIND_TO_PORT": "9000", "ADAPTER_THREADS": "3", "ADAPTER_REQUEST_TIMEOUT_S": "2.5",
                            "ADAPTER_FLASH_ATTENTION": "off", "ADAPTER_GPU_LAYERS": "-1", "ADAPTER_MODEL_ID": " "})
-    assert (s.port, s.threads, s.queue_timeout_s, s.flash_attention, s.gpu_layers) == (9000, 3, 2.5, "off", -1)
+    assert (s.port, s.threads, s.request_timeout_s, s.flash_attention, s.gpu_layers) == (9000, 3, 2.5, "off", -1)
     assert s.model_dir == "/opt/ml/model" and s.model_id == ""
-    assert s.http_threads == s.queue_depth + 3
+    assert s.http_threads == s.queue_depth + 2
 
 
 @pytest.mark.parametrize("env, message", [
     ({"ADAPTER_THREADS": "two"}, "ADAPTER_THREADS='two' is not an integer"),
-    ({"ADAPTER_QUEUE_TIMEOUT_S": "soon"}, "ADAPTER_QUEUE_TIMEOUT_S='soon' is not a number"),
+    ({"ADAPTER_REQUEST_TIMEOUT_S": "soon"}, "ADAPTER_REQUEST_TIMEOUT_S='soon' is not a number"),
     ({"SAGEMAKER_BIND_TO_PORT": "0"}, "SAGEMAKER_BIND_TO_PORT=0 is below its minimum 1"),
     ({"ADAPTER_PARALLEL_SEQUENCES": "999"}, "ADAPTER_PARALLEL_SEQUENCES=999 is above its maximum 256"),
     ({"ADAPTER_FLASH_ATTENTION": "auto"}, "ADAPTER_FLASH_ATTENTION='auto' must be one of off, on"),
@@ -173,3 +174,34 @@ def test_the_state_span_runs_from_the_head_to_the_question_heading_whatever_the_
     assert common_prefix(together.tokens) > end, "the questions share 'Which ' beyond the state"
     fake_model.score(together)
     assert engine.state == (head, end)
+
+
+def test_orderings_come_from_the_option_set_alone():
+    from decision_adapter.scoring import orderings
+
+    assert orderings(["b", "a", "c"], 1) == [(0, 1, 2)], "k = 1 is the request's order"
+    assert orderings(["b", "a", "c"], 3) == [(1, 0, 2), (0, 2, 1), (2, 1, 0)]
+    assert orderings(["b", "a", "c"], 9) == orderings(["b", "a", "c"], 3), "k is capped at the options"
+    four = orderings(["d", "c", "b", "a"], 2)
+    assert four == [(3, 2, 1, 0), (1, 0, 3, 2)], "evenly spaced shifts of the canonical order"
+    keys = ["x", "y", "z", "w"]
+    shuffled = [2, 0, 3, 1]
+    aligned = [[shuffled[i] for i in order] for order in orderings([keys[i] for i in shuffled], 4)]
+    assert aligned == [list(order) for order in orderings(keys, 4)], "the same options shown whatever the request order"
+
+
+def test_averaged_orderings_do_not_depend_on_the_request_order(fake_model):
+    """With a model that prefers whatever is shown first, k = 1 follows the request's order and k = n does not."""
+    fake_model.engine.logits = lambda n: [-3.0 * i for i in range(n)]
+    texts = ("Refunds.", "Bugs.", "Sales.")
+
+    def score(order, k):
+        q = question(options=tuple(texts[i] for i in order))
+        q = dataclasses.replace(q, option_keys=tuple(f"id{i}" for i in order), permutations=k)
+        [result], _ = fake_model.score(fake_model.prepare([q]))
+        return {f"id{i}": p for i, p in zip(order, result.probabilities)}
+
+    assert score((0, 1, 2), 1) != score((2, 0, 1), 1)
+    averaged = score((0, 1, 2), 3)
+    assert averaged == pytest.approx(score((2, 0, 1), 3), abs=1e-12)
+    assert all(p == pytest.approx(1 / 3, abs=1e-12) for p in averaged.values()), "position bias averages out"

@@ -104,3 +104,18 @@ def test_the_prefill_sweep_writes_a_row_per_size_and_length(tmp_path):
     assert all(r["median_s"] > 0 for r in result["rows"]) and result["rows"][0]["tokens"] < result["rows"][1]["tokens"]
     table = (tmp_path / "prefill.md").read_text()
     assert "| fp32 | 32 | " in table and "| flash | 64 | " in table and "(1.00x)" in table and "Reproduce: `python -m benchmarks.prefill --tokens 80" in table
+
+
+def test_the_concurrency_benchmark_measures_both_paths_at_each_level(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.concurrency", "--tasks", str(SAMPLE), "--count", "4",
+                           "--levels", "1", "2", "--threads", "2", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "concurrency.json").read_text())
+    for level in ("1", "2"):
+        for path in ("decision", "generation"):
+            block = result["levels"][level][path]
+            assert block["requests"] == 4 and block["failures"] == 0 and block["decisions_per_s"] > 0
+            assert block["latency"]["n"] == 4
+    assert result["levels"]["2"]["decision"]["wall_vs_serial"] > 0
+    assert "| 2 | " in (tmp_path / "concurrency.md").read_text()

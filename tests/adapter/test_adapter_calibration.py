@@ -1,0 +1,121 @@
+"""Calibration: fitting, group-disjoint folds, the file's binding to one GGUF and prompt, and its use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+
+import pytest
+
+from decision_adapter.app import create_app
+from decision_adapter.calibration import (FILE_NAME, Calibration, CalibrationError, Row, fit, fit_temperature,
+                                          group_folds, load, nll, out_of_fold)
+from decision_adapter.model_files import find_gguf, sha256_of
+from decision_adapter.prompt import PROMPT_VERSION
+from decision_adapter.readout import softmax
+
+
+def synthetic(temperature: float, n: int, seed: int, kind: str = "choice") -> list[Row]:
+    """Rows whose answers are drawn from softmax(logits / temperature): that temperature fits them best."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        logits = tuple(rng.gauss(0, 3) for _ in range(4))
+        p = softmax([x / temperature for x in logits])
+        answer = rng.choices(range(4), weights=p)[0]
+        rows.append(Row(kind, logits, answer, f"g{i // 3}"))
+    return rows
+
+
+def test_the_fitted_temperature_is_the_one_the_answers_were_drawn_with():
+    rows = synthetic(2.5, 3000, seed=1)
+    t = fit_temperature(rows)
+    assert t == pytest.approx(2.5, rel=0.1)
+    assert nll(rows, t) <= min(nll(rows, 1.0), nll(rows, 2.5))
+
+
+def test_each_question_type_gets_its_own_temperature():
+    rows = synthetic(0.5, 1500, seed=2, kind="noul") + synthetic(3.0, 1500, seed=3, kind="score")
+    temperatures = fit(rows)
+    assert set(temperatures) == {"noul", "score"}
+    assert temperatures["noul"] == pytest.approx(0.5, rel=0.15) and temperatures["score"] == pytest.approx(3.0, rel=0.15)
+
+
+def test_folds_keep_every_group_whole_and_out_of_fold_never_sees_its_own_rows():
+    rows = synthetic(2.0, 90, seed=4)
+    folds = group_folds(rows, 5)
+    assert sorted(i for f in folds for i in f) == list(range(90))
+    for fold in folds:
+        others = {rows[i].group for f in folds if f is not fold for i in f}
+        assert not {rows[i].group for i in fold} & others
+    held = folds[0]
+    tampered = list(rows)
+    for i in held:  # wild logits in the held-out fold must not change the temperature used on it
+        tampered[i] = dataclasses.replace(rows[i], logits=tuple(100 * x for x in rows[i].logits))
+    t = fit([r for i, r in enumerate(rows) if i not in set(held)])["choice"]
+    assert out_of_fold(tampered, 5)[held[0]] == pytest.approx(softmax([x / t for x in tampered[held[0]].logits]))
+
+
+def write(folder, **changes) -> None:
+    calibration = Calibration(gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION,
+                              temperatures={"choice": 2.0, "noul": 0.5})
+    (folder / FILE_NAME).write_text(dataclasses.replace(calibration, **changes).to_json())
+
+
+def test_a_file_for_another_model_or_prompt_is_refused(tmp_path):
+    write(tmp_path)
+    assert load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION).temperature("noul") == 0.5
+    with pytest.raises(CalibrationError, match="fitted for the GGUF with sha256 a{64}, not this one"):
+        load(tmp_path, gguf_sha256="b" * 64, prompt_version=PROMPT_VERSION)
+    with pytest.raises(CalibrationError, match="fitted for prompt version 'old'"):
+        write(tmp_path, prompt_version="old")
+        load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION)
+    (tmp_path / FILE_NAME).write_text("{not json")
+    with pytest.raises(CalibrationError, match="is not a calibration file"):
+        load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION)
+    assert load(tmp_path / "absent", gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION) is None
+
+
+@pytest.fixture
+def model_copy(tmp_path, settings):
+    """The embedded GGUF in a folder of its own, where a calibration file can be put beside it."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    gguf = find_gguf(settings.model_dir)
+    (folder / gguf.name).symlink_to(gguf)
+    return folder, sha256_of(gguf)
+
+
+def test_the_server_refuses_to_turn_ready_with_a_calibration_for_another_model(model_copy, settings):
+    folder, _ = model_copy
+    write(folder, gguf_sha256="f" * 64)
+    app = create_app(dataclasses.replace(settings, model_dir=str(folder)))
+    state = app.extensions["decision_adapter"]
+    assert state.readiness.wait(120)
+    ping = app.test_client().get("/ping")
+    assert ping.status_code == 503
+    assert "fitted for the GGUF with sha256 ffff" in ping.get_json()["detail"]
+
+
+def test_calibrated_answers_scale_the_logits_and_name_the_calibration(model_copy, settings, example):
+    folder, digest = model_copy
+    raw_app = create_app(dataclasses.replace(settings, model_dir=str(folder)))
+    assert raw_app.extensions["decision_adapter"].readiness.wait(120)
+    raw = raw_app.test_client().post("/invocations", json=example).get_json()["result"]
+    write(folder, gguf_sha256=digest)
+    app = create_app(dataclasses.replace(settings, model_dir=str(folder)))
+    assert app.extensions["decision_adapter"].readiness.wait(120)
+    result = app.test_client().post("/invocations", json=example).get_json()["result"]
+
+    assert result["option_logits"] == raw["option_logits"], "the raw values stay"
+    assert result["probabilities"] == pytest.approx(softmax([x / 2.0 for x in raw["option_logits"]]), abs=1e-12)
+    assert result["calibration"] == {"temperature": 2.0, "type": "choice", "gguf_sha256": digest,
+                                     "prompt_version": PROMPT_VERSION}
+    answer = app.test_client().post("/v1/systemone", json={
+        "model": "jev-latest", "state": example["decision"]["state"],
+        "questions": {"q": {"type": "noul", "instructions": "Is it about a password?"}}}).get_json()["answers"]["q"]
+    assert answer["x_calibration"]["temperature"] == 0.5 and answer["x_calibration"]["type"] == "noul"
+    assert 0.0 < answer["noul"] < 1.0 and math.isfinite(answer["noul"])
+    assert "calibration" not in raw, "the uncalibrated server names none"
