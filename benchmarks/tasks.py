@@ -25,6 +25,7 @@ class Task:
     question: dict[str, Any]
     labels: tuple[str, ...]
     expected: str
+    group: str | None = None  # tasks of one group are variants of one case (kept in one fold)
 
     @property
     def kind(self) -> str:
@@ -69,7 +70,8 @@ def _task(row: dict[str, Any], default_tier: str) -> Task:
     if expected not in labels:
         raise ValueError(f"expected {expected!r} is not one of the labels {labels}")
     return Task(id=str(row["id"]), tier=str(row.get("tier") or default_tier), family=str(row.get("family") or ""),
-                state=row["state"], question=question, labels=labels, expected=expected)
+                state=row["state"], question=question, labels=labels, expected=expected,
+                group=row.get("group"))
 
 
 def first_per_tier(tasks: list[Task], n: int) -> list[Task]:

@@ -21,7 +21,6 @@ from typing import Any, Iterator
 from . import systemone
 from .calibration import FILE_NAME, Calibration, Row, fit, nll, out_of_fold
 from .errors import InputError
-from .prompt import PROMPT_VERSION
 from .settings import Settings, SettingsError
 
 
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         after = -math.fsum(math.log(max(oof[i][rows[i].answer], 1e-300)) for i in mine) / len(mine)
         by_type[kind] = {"rows": len(mine), "temperature": temperatures[kind],
                          "nll_before": before, "nll_after_out_of_fold": after}
-    calibration = Calibration(gguf_sha256=model.identity.sha256, prompt_version=PROMPT_VERSION,
+    calibration = Calibration(gguf_sha256=model.identity.sha256, prompt_version=model.layout.style.version,
                               temperatures=temperatures, permutations=permutations,
                               fitted={"rows": len(rows), "skipped": len(skipped), "folds": args.folds,
                                       "by_type": by_type, "sources": [str(p) for p in args.rows]})

@@ -1,12 +1,19 @@
-"""How a decision becomes text: the GGUF's own chat template, the fixed instruction and the payload layout.
+"""How a decision becomes text: the GGUF's own chat template, the prompt style and the payload layout.
 
 The user payload puts the state first, so that every question about one state shares a prompt prefix,
 then the question, then the options labelled ``A``, ``B``, ... The prompt ends where the model's
 answer begins; the readout is the model's next-token distribution there.
+
+A ``PromptStyle`` is everything else about the wording: the system instruction, the closing line, worked
+examples shown as earlier turns of the conversation (part of the resident head, so evaluated once at load),
+and whether score levels are labelled with digits. The styles below are the candidates measured on the
+benchmark model (docs/benchmarks.md, "Prompt"); ``DEFAULT_STYLE`` is the one that measured best, and each
+style's ``version`` is what a calibration is bound to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,14 +22,73 @@ from typing import Any, Sequence
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# Names the prompt below: a calibration is fitted for one version (calibration.json) and refused for another.
-PROMPT_VERSION = "2026-12-01.1"
+from .labels import labels_for
+
 SYSTEM_INSTRUCTION = (
     "You are a decision model. Read the state, then answer the question by choosing exactly one of the "
     "labelled options. Reply with the option's label only.")
+EXACT_INSTRUCTION = (
+    "You are a decision model. Read the state, then answer the question by choosing exactly one of the "
+    "labelled options. Reply with only the option's label: one uppercase letter, or a digit for a score level.")
 STATE_HEADING = "State:\n"
 QUESTION_HEADING = "\n\nQuestion:\n"
+ANSWER_LINE = "Answer with the label of one option."
 _SENTINEL = "\x00decision-adapter-user-payload\x00"
+DIGITS = tuple("0123456789")
+
+
+@dataclass(frozen=True)
+class Example:
+    """A worked decision shown before the real one, with the label of its answer."""
+
+    state: str
+    question: str
+    options: tuple[str, ...]
+    answer: int
+    kind: str | None = None
+
+
+# Varied answers (B, A, C) and kinds, so that no position or letter is taught; not taken from any benchmark.
+EXAMPLES = (
+    Example("The customer writes that the parcel arrived crushed and the lamp inside is broken. They want a "
+            "new one sent.", "Which team should handle this message?",
+            ("Billing: payments, invoices and refunds", "Shipping: damaged, late or lost parcels",
+             "Sales: questions before a purchase"), 1),
+    Example("Invoice 118 of 2 May shows a card payment of 40 EUR, received the same day.",
+            "Has invoice 118 been paid?", ("Yes: the state shows the payment", "No"), 0, "noul"),
+    Example("'This is the third time I write about the same bug. I am furious and I will cancel today.'",
+            "How upset is the writer?", ("Calm", "Annoyed", "Very angry"), 2, "score"),
+)
+
+
+@dataclass(frozen=True)
+class PromptStyle:
+    name: str
+    instruction: str = SYSTEM_INSTRUCTION
+    examples: tuple[Example, ...] = ()
+    score_digits: bool = False
+
+    @property
+    def version(self) -> str:
+        """What a calibration is bound to: the style's name and a digest of everything it renders."""
+        digest = hashlib.sha256(repr(self).encode("utf-8")).hexdigest()[:12]
+        return f"{self.name}-{digest}"
+
+    def labels(self, n_options: int, kind: str | None) -> tuple[str, ...]:
+        if self.score_digits and kind == "score" and n_options <= len(DIGITS):
+            return DIGITS[:n_options]
+        return labels_for(n_options)
+
+
+STYLES = {style.name: style for style in (
+    PromptStyle("plain"),
+    PromptStyle("examples", examples=EXAMPLES),
+    PromptStyle("exact", instruction=EXACT_INSTRUCTION),
+    PromptStyle("exact-examples", instruction=EXACT_INSTRUCTION, examples=EXAMPLES),
+    PromptStyle("exact-examples-digits", instruction=EXACT_INSTRUCTION, examples=EXAMPLES, score_digits=True),
+)}
+DEFAULT_STYLE = "plain"
+PROMPT_VERSION = STYLES[DEFAULT_STYLE].version
 
 
 class TemplateError(ValueError):
@@ -36,8 +102,7 @@ def state_text(state: Any) -> str:
 
 def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
     lines = "\n".join(f"{label}. {text}" for label, text in zip(labels, options))
-    return (f"{STATE_HEADING}{state}{QUESTION_HEADING}{question}\n\nOptions:\n{lines}\n\n"
-            f"Answer with the label of one option.")
+    return f"{STATE_HEADING}{state}{QUESTION_HEADING}{question}\n\nOptions:\n{lines}\n\n{ANSWER_LINE}"
 
 
 class ChatTemplate:
@@ -78,13 +143,21 @@ class PromptLayout:
     """The rendered text around the user payload; the head is the same for every decision."""
 
     template: ChatTemplate
+    style: PromptStyle = STYLES[DEFAULT_STYLE]
 
     def render(self, payload: str) -> str:
+        turns: list[dict[str, str]] = []
+        for example in self.style.examples:
+            labels = self.style.labels(len(example.options), example.kind)
+            turns += [{"role": "user", "content": user_payload(example.state, example.question, labels,
+                                                               example.options)},
+                      {"role": "assistant", "content": labels[example.answer]}]
+        turns.append({"role": "user", "content": payload})
         if self.template.system_role:
-            messages = [{"role": "system", "content": SYSTEM_INSTRUCTION}, {"role": "user", "content": payload}]
+            messages = [{"role": "system", "content": self.style.instruction}, *turns]
         else:
-            messages = [{"role": "user", "content": f"{SYSTEM_INSTRUCTION}\n\n{payload}"}]
-        return self.template.render(messages)
+            messages = [{**turns[0], "content": f"{self.style.instruction}\n\n{turns[0]['content']}"}, *turns[1:]]
+        return close_thinking(self.template.render(messages))
 
     @property
     def head(self) -> str:
@@ -94,6 +167,13 @@ class PromptLayout:
         if at < 0:
             raise TemplateError("the model's chat template does not keep the user message verbatim")
         return rendered[:at] + STATE_HEADING
+
+
+def close_thinking(rendered: str) -> str:
+    """A generation prompt that leaves a thinking block open would put the answer inside it: close it."""
+    if rendered.rfind("<think>") > rendered.rfind("</think>"):
+        return rendered + "\n</think>\n\n"
+    return rendered
 
 
 def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from .errors import InputError, Loc
-from .labels import MAX_OPTIONS, PAIRED, SINGLE, labels_for
+from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .model_files import ModelIdentity
-from .prompt import QUESTION_HEADING, ChatTemplate, PromptLayout, TemplateError, user_payload
+from .prompt import DIGITS, QUESTION_HEADING, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, \
+    user_payload
 from .plan import PlanError
 from .readout import LabelTrie, common_prefix, log_sum_exp, softmax
 
@@ -116,14 +117,14 @@ class Limits:
 
 class DecisionModel:
     def __init__(self, engine: Any, identity: ModelIdentity, limits: Limits, runtime: dict[str, Any],
-                 served_id: str = ""):
+                 served_id: str = "", style: PromptStyle | None = None):
         self.engine = engine
         self.served_id = served_id or identity.file.removesuffix(".gguf")
         self.identity = identity
         self.limits = limits
         try:
             self.layout = PromptLayout(ChatTemplate(engine.chat_template, bos_token=engine.bos_text,
-                                                    eos_token=engine.eos_text))
+                                                    eos_token=engine.eos_text), style or STYLES["plain"])
             head = self.layout.head
         except TemplateError as exc:
             raise ModelIncompatible(str(exc)) from None
@@ -132,7 +133,7 @@ class DecisionModel:
         self._control = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
                          if engine.control_texts else None)
         self._label_tokens = self._check_labels()
-        self._tries: dict[int, Any] = {}
+        self._tries: dict[tuple[str, ...], LabelTrie] = {}
         engine.keep_resident(self._head_tokens)
         self.model_info = {**identity.as_dict(), **runtime}
         self.scheduler = None  # set once the model is ready to serve (startup)
@@ -148,7 +149,8 @@ class DecisionModel:
         probe = self.render(PROBE_STATE, PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
         base = self.engine.tokenize(probe)
         found: dict[str, tuple[int, ...]] = {}
-        for label in SINGLE + PAIRED:
+        digits = DIGITS if self.layout.style.score_digits else ()
+        for label in SINGLE + PAIRED + digits:
             tokens = self.engine.tokenize(probe + label)
             if tokens[:len(base)] != base:
                 raise ModelIncompatible(f"appending the answer label {label!r} changes how the prompt tokenizes")
@@ -156,20 +158,24 @@ class DecisionModel:
             spelled = b"".join(self.engine.piece(t) for t in own).decode("utf-8", "replace")
             if spelled != label:
                 raise ModelIncompatible(f"the answer label {label!r} does not round-trip (tokens spell {spelled!r})")
-            if label in SINGLE and len(own) != 1:
+            if (label in SINGLE or label in digits) and len(own) != 1:
                 raise ModelIncompatible(f"the answer label {label!r} is {len(own)} tokens, not one")
             found[label] = own
-        for labels in (SINGLE, PAIRED):
+        for labels in (SINGLE, PAIRED, digits) if digits else (SINGLE, PAIRED):
             try:
                 LabelTrie.build(found[label] for label in labels)
             except ValueError as exc:
                 raise ModelIncompatible(f"answer labels {labels[0]}..{labels[-1]}: {exc}") from None
         return found
 
-    def trie(self, n_options: int) -> LabelTrie:
-        if n_options not in self._tries:
-            self._tries[n_options] = LabelTrie.build(self._label_tokens[label] for label in labels_for(n_options))
-        return self._tries[n_options]
+    def labels(self, n_options: int, kind: str | None = None) -> tuple[str, ...]:
+        return self.layout.style.labels(n_options, kind)
+
+    def trie(self, n_options: int, kind: str | None = None) -> LabelTrie:
+        labels = self.labels(n_options, kind)
+        if labels not in self._tries:
+            self._tries[labels] = LabelTrie.build(self._label_tokens[label] for label in labels)
+        return self._tries[labels]
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -194,7 +200,8 @@ class DecisionModel:
             for order in orderings(q.option_keys or q.options, q.permutations or self.default_permutations):
                 owners.append(i)
                 orders.append(order)
-        prompts = tuple(self.render(questions[i].state, questions[i].question, labels_for(len(order)),
+        prompts = tuple(self.render(questions[i].state, questions[i].question,
+                                    self.labels(len(order), questions[i].kind),
                                     [questions[i].options[j] for j in order]) for i, order in zip(owners, orders))
         tokens = tuple(tuple(self.engine.tokenize(p)) for p in prompts)
         ceiling = min(self.limits.max_prompt_tokens, self.engine.ctx_tokens - 2)
@@ -213,7 +220,7 @@ class DecisionModel:
         prefixes = {state: self._state_prefix(state) for state in dict.fromkeys(q.state for q in questions)}
         spans = [self._span(prefixes[questions[i].state], t) for i, t in zip(owners, tokens)]
         span = (min(s for s, _ in spans), min(e for _, e in spans))
-        tries = tuple(self.trie(len(order)) for order in orders)
+        tries = tuple(self.trie(len(order), questions[i].kind) for i, order in zip(owners, orders))
         try:
             self.engine.plan(self.engine.job_spec(tokens, tries, span))
         except PlanError as exc:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .prompt import DEFAULT_STYLE, STYLES
+
 
 # Cells a prompt's label paths may need beyond the prompt itself: 26 first letters of two-token labels.
 LABEL_PATH_CELLS = 26
@@ -64,6 +66,10 @@ class Settings:
                                        "llama.cpp sequences: the state, the question being read, and forks "
                                        "for the label paths past 26 options (up to 26 side by side).",
                                        low=4, high=256)
+    prompt_style: str = _setting("ADAPTER_PROMPT_STYLE", DEFAULT_STYLE,
+                                 "Wording of the decision prompt (decision_adapter/prompt.py); the default measured "
+                                 "best on the benchmark model. A calibration is bound to one style.",
+                                 choices=tuple(STYLES))
     permutations: int = _setting("ADAPTER_PERMUTATIONS", 1,
                                  "Orderings of the options each decision is scored in and averaged over, unless the "
                                  "request says (permutations, x_permutations): 1 is the request's order; 2 or more "

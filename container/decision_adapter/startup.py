@@ -14,7 +14,7 @@ from typing import Any
 from .calibration import CalibrationError
 from .calibration import load as load_calibration
 from .model_files import ModelFilesError, find_gguf, verify
-from .prompt import PROMPT_VERSION
+from .prompt import STYLES
 from .scheduler import Scheduler
 from .scoring import DecisionModel, Limits, ModelIncompatible
 from .settings import Settings
@@ -61,18 +61,19 @@ def load_decision_model(settings: Settings, engine: Any = None, *, calibrated: b
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
+    style = STYLES[settings.prompt_style]
     calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256,
-                                   prompt_version=PROMPT_VERSION) if calibrated else None
+                                   prompt_version=style.version) if calibrated else None
     if engine is None:
         from .engine import Engine
 
         engine = Engine(str(gguf), engine_options(settings))
     runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
                "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
-               "kv_cache_type": settings.kv_cache_type}
+               "kv_cache_type": settings.kv_cache_type, "prompt_version": style.version}
     model = DecisionModel(engine, identity,
                           Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
-                          served_id=settings.model_id.strip())
+                          served_id=settings.model_id.strip(), style=style)
     model.probe()
     model.calibration = calibration
     model.default_permutations = settings.permutations

@@ -99,9 +99,12 @@ def _item(qid: str, q: Any, state: str) -> Item:
         legend = ()
     else:
         names, texts, option_locs, legend = _score(criteria, loc)
+    # Order averaging orders choices by name and score levels by their text: the options as the client
+    # means them, whatever order it sent them in.
+    keys = texts if qtype == "score" else names
     return Item(qid, qtype, names, legend, Question(
         loc=loc, state=state, question=question_text, options=texts, option_locs=option_locs,
-        state_loc=("body", "state"), question_loc=loc + ("instructions",), option_keys=names, kind=qtype))
+        state_loc=("body", "state"), question_loc=loc + ("instructions",), option_keys=keys, kind=qtype))
 
 
 def _noul(criteria: Any, loc: Loc):

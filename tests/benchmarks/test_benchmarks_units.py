@@ -214,3 +214,23 @@ def test_a_sagemaker_endpoint_is_called_through_sagemaker_runtime(monkeypatch):
         assert body == answer and elapsed > 0
     finally:
         server.stop()
+
+
+def test_accuracy_tool_compares_styles_orders_and_calibration_on_the_real_model(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    tasks = Path(__file__).with_name("tasks-sample.jsonl")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.accuracy", "--tasks", str(tasks), "--styles", "plain",
+                           "exact-examples-digits", "--orders", "2", "--threads", "2", "--out", str(tmp_path)],
+                          cwd=repo, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "accuracy.json").read_text())
+    assert list(result["styles"]) == ["plain", "exact-examples-digits"]
+    assert result["styles"]["plain"]["version"] != result["styles"]["exact-examples-digits"]["version"]
+    assert all(style["overall"]["n"] == 6 for style in result["styles"].values())
+    assert result["orders"]["2"]["flip_rate"] == 0.0, "averaged orderings do not depend on the order sent"
+    assert result["calibration"]["before"]["ece_10"] >= 0
+    assert (tmp_path / "reliability-after-calibration.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| overall | 6 |" in (tmp_path / "accuracy.md").read_text()
