@@ -205,3 +205,27 @@ def test_averaged_orderings_do_not_depend_on_the_request_order(fake_model):
     averaged = score((0, 1, 2), 3)
     assert averaged == pytest.approx(score((2, 0, 1), 3), abs=1e-12)
     assert all(p == pytest.approx(1 / 3, abs=1e-12) for p in averaged.values()), "position bias averages out"
+
+
+def test_a_template_that_opens_a_thinking_block_is_closed_before_the_answer_position():
+    from decision_adapter.prompt import close_thinking
+
+    thinking = CHATML.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n")
+    layout = PromptLayout(ChatTemplate(thinking))
+    rendered = layout.render("payload")
+    assert rendered.endswith("<think>\n\n</think>\n\n")
+    assert close_thinking("a<think>x</think>\n\n") == "a<think>x</think>\n\n", "a closed block is left alone"
+    assert PromptLayout(ChatTemplate(CHATML)).render("p").endswith("<|im_start|>assistant\n")
+
+
+def test_worked_examples_sit_in_the_resident_head_with_varied_answers():
+    from decision_adapter.prompt import STYLES
+
+    layout = PromptLayout(ChatTemplate(CHATML), STYLES["exact-examples-digits"])
+    head = layout.head
+    assert head.count("<|im_start|>assistant\n") == 3 and head.endswith("<|im_start|>user\nState:\n")
+    answers = [part.split("<|im_end|>")[0] for part in head.split("<|im_start|>assistant\n")[1:]]
+    assert answers == ["B", "A", "2"], "letters vary and the score example answers with its digit"
+    assert STYLES["plain"].labels(3, "score") == ("A", "B", "C")
+    assert STYLES["exact-examples-digits"].labels(3, "score") == ("0", "1", "2")
+    assert STYLES["exact-examples-digits"].labels(3, "choice") == ("A", "B", "C")
