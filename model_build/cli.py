@@ -45,6 +45,8 @@ def _list_pins(args: argparse.Namespace) -> int:
         origin = f"{pin.repository}@{pin.revision}/{pin.file}" if pin.repository else pin.url
         print(f"{name}{marker}\n  source: {origin}\n  bytes:  {pin.size_bytes:,}\n  sha256: {pin.sha256}\n"
               f"  key:    {pin.archive_key(args.prefix)}")
+        if pin.calibration is not None:
+            print(f"  calibration: {pin.calibration.path} (prompt version {pin.calibration.prompt_version})")
     return ExitCode.OK
 
 
