@@ -1,4 +1,5 @@
-"""`model.tar.gz`: the GGUF and `model-manifest.json` at the root of a gzip tar, never overwriting a file.
+"""`model.tar.gz`: the GGUF, `model-manifest.json` and, when the pin has one, `calibration.json` at the root
+of a gzip tar, never overwriting a file.
 
 SageMaker unpacks the archive into /opt/ml/model, so the root of the archive is what the adapter sees.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from model_build.calibration import ARCHIVE_NAME as CALIBRATION_NAME
 from model_build.digests import HashingWriter
 from model_build.errors import BuildError, ExitCode
 from model_build.manifest import MANIFEST_NAME
@@ -37,8 +39,11 @@ def refuse_existing(path: Path) -> None:
 
 
 def write_archive(destination: Path, gguf_path: Path, gguf_name: str, manifest: bytes,
-                  built_at: datetime) -> Archive:
-    """Write the archive to `destination`, hashing it on the way; fail if `destination` exists."""
+                  built_at: datetime, calibration: bytes | None = None) -> Archive:
+    """Write the archive to `destination`, hashing it on the way; fail if `destination` exists.
+
+    `calibration` is the content of calibration.json, or None for an archive without one.
+    """
     refuse_existing(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     mtime = int(built_at.timestamp())
@@ -51,7 +56,10 @@ def write_archive(destination: Path, gguf_path: Path, gguf_name: str, manifest: 
             with gzip.GzipFile(filename="", mode="wb", compresslevel=GZIP_LEVEL, fileobj=hashing,
                                mtime=mtime) as compressed, \
                     tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                # The small files go first, so that a reader of the stream finds them without reading the GGUF.
                 tar.addfile(_regular_file(MANIFEST_NAME, len(manifest), mtime), io.BytesIO(manifest))
+                if calibration is not None:
+                    tar.addfile(_regular_file(CALIBRATION_NAME, len(calibration), mtime), io.BytesIO(calibration))
                 with gguf_path.open("rb") as gguf, \
                         Progress(f"archiving {gguf_name}", gguf_size) as progress:
                     tar.addfile(_regular_file(gguf_name, gguf_size, mtime), _CountingReader(gguf, progress))

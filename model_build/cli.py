@@ -45,6 +45,8 @@ def _list_pins(args: argparse.Namespace) -> int:
         origin = f"{pin.repository}@{pin.revision}/{pin.file}" if pin.repository else pin.url
         print(f"{name}{marker}\n  source: {origin}\n  bytes:  {pin.size_bytes:,}\n  sha256: {pin.sha256}\n"
               f"  key:    {pin.archive_key(args.prefix)}")
+        if pin.calibration is not None:
+            print(f"  calibration: {pin.calibration.path} (prompt version {pin.calibration.prompt_version})")
     return ExitCode.OK
 
 
@@ -90,7 +92,8 @@ def _package(args: argparse.Namespace) -> int:
         scratch = Path(tempfile.mkdtemp(prefix="archive-", dir=_work_subdir(args, "tmp")))
     try:
         archive = write_archive(kept_archive or scratch / PurePosixPath(relative_key).name, verified.path,
-                                pin.gguf_name, manifest_bytes(manifest), built_at)
+                                pin.gguf_name, manifest_bytes(manifest), built_at,
+                                calibration=pin.calibration.data if pin.calibration else None)
         uri = None
         if client is not None:
             uri = upload.upload_archive(client, archive.path, args.bucket, key)
@@ -98,8 +101,9 @@ def _package(args: argparse.Namespace) -> int:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    _print_results(pin=pin.name, gguf_sha256=verified.sha256, archive_sha256=archive.sha256,
-                   archive_bytes=archive.size_bytes, archive=kept_archive, s3_uri=uri)
+    _print_results(pin=pin.name, gguf_sha256=verified.sha256,
+                   calibration_sha256=pin.calibration.sha256 if pin.calibration else None,
+                   archive_sha256=archive.sha256, archive_bytes=archive.size_bytes, archive=kept_archive, s3_uri=uri)
     return ExitCode.OK
 
 

@@ -2,6 +2,7 @@
 
 The adapter reads this file next to the GGUF in /opt/ml/model: it checks the GGUF against `sha256` and
 reports `source` and `revision`. Those key names, and `file` and `bytes`, are an interface; keep them.
+`calibration` names the archive's calibration.json, or is null when the pin has none.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from model_build import __version__
+from model_build.calibration import ARCHIVE_NAME as CALIBRATION_NAME
 from model_build.pins import Pin
 
 MANIFEST_NAME = "model-manifest.json"
@@ -36,7 +38,17 @@ def build_manifest(pin: Pin, gguf_sha256: str, download_url: str, built_at: date
         "download_url": download_url,
         "built_at": utc_timestamp(built_at),
         "tool_versions": tool_versions(),
+        # Added without a version bump: no existing key changed meaning, and readers ignore unknown keys.
+        "calibration": calibration_entry(pin),
     }
+
+
+def calibration_entry(pin: Pin) -> dict[str, str] | None:
+    """What the manifest says about the archive's calibration.json: its hash and the prompt it was fitted for."""
+    if pin.calibration is None:
+        return None
+    return {"file": CALIBRATION_NAME, "sha256": pin.calibration.sha256,
+            "prompt_version": pin.calibration.prompt_version}
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:

@@ -1,8 +1,9 @@
 """Pins: the named, checkable descriptions of the GGUF files this project may package.
 
 A pin names one file and the size and sha256 it must have. It is either a plain HTTPS URL or a Hugging Face
-(repository, revision, file) triple. Pins live in `pins.json` (configuration, not code); this module loads
-and validates that file and owns the two things derived from a pin: its download URL and its archive key.
+(repository, revision, file) triple, and may name a calibration file fitted for that GGUF (calibration.py
+checks it). Pins live in `pins.json` (configuration, not code); this module loads and validates that file
+and owns the two things derived from a pin: its download URL and its archive key.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+from model_build.calibration import PinnedCalibration, read_calibration
 from model_build.errors import BuildError, ExitCode
 
 SHIPPED_PINS_FILE = Path(__file__).with_name("pins.json")
@@ -28,7 +30,7 @@ _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _REPOSITORY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOP_LEVEL_KEYS = ("default", "pins")
-_PIN_KEYS = ("description", "url", "repository", "revision", "file", "sha256", "bytes")
+_PIN_KEYS = ("description", "url", "repository", "revision", "file", "sha256", "bytes", "calibration")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Pin:
     repository: str | None = None
     revision: str | None = None
     description: str = ""
+    # Read and checked against `sha256` when the pins file is loaded; archived as calibration.json.
+    calibration: PinnedCalibration | None = None
 
     @property
     def source(self) -> str:
@@ -129,7 +133,7 @@ def load_pins(path: Path = SHIPPED_PINS_FILE) -> PinSet:
             problems.append("pins: expected an object with at least one named pin")
         else:
             for name, raw_pin in raw_pins.items():
-                pin = _parse_pin(name, raw_pin, problems)
+                pin = _parse_pin(name, raw_pin, path.parent, problems)
                 if pin is not None:
                     pins[name] = pin
         default = raw.get("default")
@@ -144,7 +148,7 @@ def load_pins(path: Path = SHIPPED_PINS_FILE) -> PinSet:
     return PinSet(path=path, default=default, pins=MappingProxyType(pins))
 
 
-def _parse_pin(name: str, raw: Any, problems: list[str]) -> Pin | None:
+def _parse_pin(name: str, raw: Any, pins_folder: Path, problems: list[str]) -> Pin | None:
     where = f"pins.{name}"
     found_before = len(problems)
     if not _PIN_NAME.fullmatch(name):
@@ -158,7 +162,8 @@ def _parse_pin(name: str, raw: Any, problems: list[str]) -> Pin | None:
                  for key in raw if key not in _PIN_KEYS]
 
     sha256 = raw.get("sha256")
-    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+    sha256_is_valid = isinstance(sha256, str) and _SHA256.fullmatch(sha256) is not None
+    if not sha256_is_valid:
         problems.append(f"{where}.sha256: expected 64 hex characters")
     size_bytes = raw.get("bytes")
     # bool is an int subclass; `true` is not a size.
@@ -180,10 +185,16 @@ def _parse_pin(name: str, raw: Any, problems: list[str]) -> Pin | None:
     else:
         problems.append(f"{where}: missing url, or repository, revision and file")
 
+    calibration = None
+    if "calibration" in raw:
+        calibration = read_calibration(f"{where}.calibration", raw["calibration"], pins_folder,
+                                       sha256.lower() if sha256_is_valid else None, problems)
+
     if len(problems) > found_before:
         return None
     return Pin(name=name, file=file, sha256=sha256.lower(), size_bytes=size_bytes, url=url,
-               repository=raw.get("repository"), revision=raw.get("revision"), description=description)
+               repository=raw.get("repository"), revision=raw.get("revision"), description=description,
+               calibration=calibration)
 
 
 def _check_url_pin(where: str, url: Any, file: Any, problems: list[str]) -> str:

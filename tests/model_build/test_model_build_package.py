@@ -15,8 +15,12 @@ from model_build import __version__
 from model_build.cli import main
 from model_build.errors import BuildError, ExitCode
 from model_build.upload import make_s3_client, upload_archive
-from packaging_testkit import (EMBEDDED_MODEL_FILE, MEBIBYTE, TEST_REPOSITORY, TEST_REVISION, keys_in,
-                               parse_results, unfinished_uploads, url_pin)
+from packaging_testkit import (EMBEDDED_MODEL_FILE, MEBIBYTE, TEST_REPOSITORY, TEST_REVISION, calibration_document,
+                               keys_in, parse_results, unfinished_uploads, url_pin)
+
+# The manifest's keys for a pin without calibration: those before calibration.json existed, plus `calibration`.
+MANIFEST_KEYS = {"manifest_version", "pin", "source", "revision", "file", "bytes", "sha256", "download_url",
+                 "built_at", "tool_versions", "calibration"}
 
 # --------------------------------------------------------------------------------------------------------
 # The happy path, from the session's one packaged model
@@ -51,6 +55,16 @@ def test_manifest_describes_the_pin_and_the_build(packaged_model, embedded_gguf)
     versions = manifest["tool_versions"]
     assert versions["model_build"] == __version__
     assert {"python", "boto3", "botocore", "requests", "tqdm"} <= set(versions)
+
+
+def test_pin_without_calibration_builds_as_before(packaged_model):
+    # The archive's members are checked above; the manifest gains one key, null, and keeps its version.
+    manifest = packaged_model.manifest
+    assert set(manifest) == MANIFEST_KEYS
+    assert manifest["manifest_version"] == 1
+    assert manifest["calibration"] is None
+    assert not (packaged_model.model_dir / "calibration.json").exists()
+    assert "calibration_sha256" not in packaged_model.results
 
 
 def test_package_prints_the_s3_uri_and_both_hashes(packaged_model, embedded_gguf):
@@ -124,6 +138,60 @@ def test_no_upload_keeps_the_archive_under_output(origin, embedded_gguf, write_p
     assert gguf_sha256 == manifest["sha256"] == embedded_gguf.sha256
     # Only the archive, no leftover temporary file beside it.
     assert [path.name for path in archive.parent.iterdir()] == ["model.tar.gz"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Calibration
+
+
+def test_calibration_is_archived_beside_the_gguf_byte_for_byte(origin, embedded_gguf, write_pins,
+                                                                write_calibration, tmp_path, capsys):
+    route = origin.serve("model.gguf", embedded_gguf.data)
+    # Indented and ended unlike json.dumps' default, so that a re-encoded file would not pass for the original.
+    calibration_text = json.dumps(calibration_document(embedded_gguf.sha256, prompt_version="v-test"), indent=3)
+    calibration_bytes = f"{calibration_text}\n\n".encode("utf-8")
+    pins = write_pins({"calibrated": url_pin(route.url, embedded_gguf,
+                                             calibration=write_calibration(calibration_bytes))})
+    output = tmp_path / "out"
+
+    exit_code = main(["package", "--pins", str(pins), "--work-dir", str(tmp_path / "work"), "--no-upload",
+                      "--output", str(output)])
+
+    assert exit_code == ExitCode.OK
+    results = parse_results(capsys.readouterr().out)
+    calibration_sha256 = hashlib.sha256(calibration_bytes).hexdigest()
+    assert results["calibration_sha256"] == calibration_sha256
+    with tarfile.open(output / "calibrated" / embedded_gguf.sha256 / "model.tar.gz", "r:gz") as opened:
+        members = opened.getmembers()
+        manifest = json.load(opened.extractfile("model-manifest.json"))
+        archived_calibration = opened.extractfile("calibration.json").read()
+        gguf_sha256 = hashlib.sha256(opened.extractfile("model.gguf").read()).hexdigest()
+    assert [member.name for member in members] == ["model-manifest.json", "calibration.json", "model.gguf"]
+    for member in members:
+        assert member.isfile() and (member.uid, member.gid, member.mode) == (0, 0, 0o644)
+    assert archived_calibration == calibration_bytes
+    assert manifest["calibration"] == {"file": "calibration.json", "sha256": calibration_sha256,
+                                       "prompt_version": "v-test"}
+    assert set(manifest) == MANIFEST_KEYS
+    assert gguf_sha256 == manifest["sha256"] == embedded_gguf.sha256
+
+
+def test_calibration_for_another_gguf_stops_package_before_downloading(origin, embedded_gguf, write_pins,
+                                                                       write_calibration, tmp_path, capsys):
+    other_sha256 = hashlib.sha256(b"some other model").hexdigest()
+    route = origin.serve("model.gguf", embedded_gguf.data)
+    pins = write_pins({"mismatched": url_pin(route.url, embedded_gguf,
+                                             calibration=write_calibration(calibration_document(other_sha256)))})
+
+    exit_code = main(["package", "--pins", str(pins), "--work-dir", str(tmp_path / "work"), "--no-upload",
+                      "--output", str(tmp_path / "out")])
+
+    assert exit_code == ExitCode.BAD_INPUT
+    error = capsys.readouterr().err
+    assert "pins.mismatched.calibration: " in error
+    assert f"fitted for the GGUF with sha256 {other_sha256}, not this pin's ({embedded_gguf.sha256})" in error
+    assert route.seen == []
+    assert not (tmp_path / "out").exists()
 
 
 # --------------------------------------------------------------------------------------------------------

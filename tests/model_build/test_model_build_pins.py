@@ -1,7 +1,9 @@
-"""Pins: the shipped pins file, validation messages that name the key, and bad command-line input."""
+"""Pins: the shipped pins file, validation messages that name the key, a pin's calibration file, and bad
+command-line input."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import pytest
 from model_build.cli import main
 from model_build.errors import BuildError, ExitCode
 from model_build.pins import load_pins
-from packaging_testkit import FAKE_AWS_ENV, REPO_ROOT
+from packaging_testkit import FAKE_AWS_ENV, REPO_ROOT, calibration_document
 
 VALID_HUGGING_FACE_PIN = {
     "repository": "bartowski/Qwen_Qwen3.5-4B-GGUF",
@@ -141,6 +143,133 @@ def test_every_problem_is_reported_at_once(write_pins):
     lines = str(raised.value).splitlines()
     assert lines[0] == f"invalid pins file {pins_path}:"
     assert [line.split(":")[0].strip() for line in lines[1:]] == ["pins.a.sha256", "pins.a.bytes", "pins.b.url"]
+
+
+# --------------------------------------------------------------------------------------------------------
+# A pin's calibration file
+
+PIN_SHA256 = VALID_HUGGING_FACE_PIN["sha256"]
+OTHER_SHA256 = hashlib.sha256(b"another model").hexdigest()
+
+
+def test_calibration_is_read_relative_to_the_pins_file(write_pins, write_calibration, tmp_path):
+    # Formatted unlike json.dumps' default: the pin keeps the file's bytes, not a re-encoding of them.
+    text = json.dumps(calibration_document(PIN_SHA256, prompt_version="2026-12-01.1"), indent=3) + "\n\n"
+    relative = write_calibration(text)
+
+    pin = load_pins(write_pins({"p": {**VALID_HUGGING_FACE_PIN, "calibration": relative}})).get("p")
+
+    assert pin.calibration.path == tmp_path / relative
+    assert pin.calibration.data == text.encode("utf-8")
+    assert pin.calibration.sha256 == hashlib.sha256(text.encode("utf-8")).hexdigest()
+    assert pin.calibration.prompt_version == "2026-12-01.1"
+
+
+def test_calibration_matches_a_pin_whose_sha256_is_written_in_uppercase(write_pins, write_calibration):
+    relative = write_calibration(calibration_document(PIN_SHA256))
+    pins = write_pins({"p": {**VALID_HUGGING_FACE_PIN, "sha256": PIN_SHA256.upper(), "calibration": relative}})
+    pin = load_pins(pins).get("p")
+    assert pin.sha256 == PIN_SHA256
+    assert pin.calibration is not None and pin.calibration.path.name == "model.json"
+
+
+def test_pin_without_calibration_has_none(write_pins):
+    assert load_pins(write_pins({"p": VALID_HUGGING_FACE_PIN})).get("p").calibration is None
+
+
+def test_pins_command_lists_the_calibration(write_pins, write_calibration, tmp_path, capsys):
+    relative = write_calibration(calibration_document(PIN_SHA256, prompt_version="v7"))
+    pins = write_pins({"p": {**VALID_HUGGING_FACE_PIN, "calibration": relative}})
+    assert main(["pins", "--pins", str(pins)]) == ExitCode.OK
+    assert f"  calibration: {tmp_path / relative} (prompt version v7)\n" in capsys.readouterr().out
+
+
+def _document_without(*keys):
+    return {key: value for key, value in calibration_document(PIN_SHA256).items() if key not in keys}
+
+
+# (what to write as calibrations/model.json, or None for nothing; the pin's `calibration` value, or None for
+# the written file; the message, where {folder} is the pins file's folder)
+@pytest.mark.parametrize("content, value, message", [
+    pytest.param(None, "calibrations/absent.json", "pins.p.calibration: {folder}/calibrations/absent.json not found",
+                 id="missing-file"),
+    pytest.param(calibration_document(PIN_SHA256), "calibrations", "pins.p.calibration: cannot read "
+                 "{folder}/calibrations: Is a directory", id="directory"),
+    pytest.param('{"gguf_sha256": ', None, "pins.p.calibration: {folder}/calibrations/model.json is not valid JSON "
+                 "(line 1 column 17: Expecting value)", id="bad-json"),
+    pytest.param(b"\xff\xfe{}", None, "pins.p.calibration: {folder}/calibrations/model.json is not UTF-8 text",
+                 id="not-utf-8"),
+    pytest.param([PIN_SHA256], None, "pins.p.calibration: {folder}/calibrations/model.json must hold a JSON object "
+                 "with keys gguf_sha256, prompt_version, temperatures", id="not-an-object"),
+    pytest.param(_document_without("gguf_sha256"), None,
+                 "pins.p.calibration: {folder}/calibrations/model.json: missing gguf_sha256 (a calibration file has "
+                 "gguf_sha256, prompt_version, temperatures", id="missing-gguf-sha256"),
+    pytest.param(_document_without("prompt_version"), None, ".json: missing prompt_version (",
+                 id="missing-prompt-version"),
+    pytest.param(_document_without("temperatures"), None, ".json: missing temperatures (", id="missing-temperatures"),
+    pytest.param(_document_without("gguf_sha256", "temperatures"), None, ".json: missing gguf_sha256, temperatures (",
+                 id="missing-two-keys"),
+    pytest.param(calibration_document(OTHER_SHA256), None,
+                 f"pins.p.calibration: {{folder}}/calibrations/model.json was fitted for the GGUF with sha256 "
+                 f"{OTHER_SHA256}, not this pin's ({PIN_SHA256}); fit one for this GGUF with "
+                 "python -m decision_adapter.calibrate", id="fitted-for-another-gguf"),
+    # The adapter compares the hash character for character with its lowercase digest.
+    pytest.param(calibration_document(PIN_SHA256.upper()), None,
+                 ".json: gguf_sha256: expected 64 lowercase hex characters", id="uppercase-gguf-sha256"),
+    pytest.param(calibration_document(PIN_SHA256[:12]), None,
+                 ".json: gguf_sha256: expected 64 lowercase hex characters", id="short-gguf-sha256"),
+    pytest.param(calibration_document(PIN_SHA256, prompt_version=""), None,
+                 ".json: prompt_version: expected a non-empty string", id="empty-prompt-version"),
+    pytest.param(calibration_document(PIN_SHA256, prompt_version=3), None,
+                 ".json: prompt_version: expected a non-empty string", id="numeric-prompt-version"),
+    pytest.param(calibration_document(PIN_SHA256, temperatures=[2.5]), None,
+                 ".json: temperatures: expected an object from question type (noul, choice, score) to temperature",
+                 id="temperatures-not-an-object"),
+    pytest.param(calibration_document(PIN_SHA256, temperatures={"choice": 2.0, "multiple": 1.0}), None,
+                 ".json: temperatures: unknown question types 'multiple' (expected noul, choice, score)",
+                 id="unknown-question-type"),
+    pytest.param(calibration_document(PIN_SHA256, temperatures={"choice": 0, "noul": -1.5, "score": "2"}), None,
+                 ".json: temperatures: expected a positive finite number for 'choice', 'noul', 'score'",
+                 id="bad-temperatures"),
+    pytest.param(calibration_document(PIN_SHA256, temperatures={"choice": True, "noul": float("nan")}), None,
+                 ".json: temperatures: expected a positive finite number for 'choice', 'noul'",
+                 id="bool-and-nan-temperatures"),
+    pytest.param(calibration_document(PIN_SHA256, permutations=0), None,
+                 ".json: permutations: expected a whole number of at least 1", id="zero-permutations"),
+    pytest.param(None, 7, "pins.p.calibration: expected the path of a calibration JSON file, relative to the "
+                 "pins file's folder", id="not-a-string"),
+    pytest.param(None, "", "pins.p.calibration: expected the path of a calibration JSON file", id="empty-path"),
+    pytest.param(calibration_document(PIN_SHA256), "/etc/calibration.json",
+                 "pins.p.calibration: expected a relative path inside the pins file's folder, without empty, '.' or "
+                 "'..' segments (got '/etc/calibration.json')", id="absolute-path"),
+    pytest.param(calibration_document(PIN_SHA256), "calibrations/../calibrations/model.json",
+                 "pins.p.calibration: expected a relative path inside the pins file's folder", id="dot-dot-segment"),
+])
+def test_invalid_calibration_is_reported_with_its_key(content, value, message, write_pins, write_calibration,
+                                                      tmp_path, capsys):
+    written = write_calibration(content) if content is not None else None
+    pins_path = write_pins({"p": {**VALID_HUGGING_FACE_PIN, "calibration": written if value is None else value}})
+    expected = message.replace("{folder}", str(tmp_path))
+
+    with pytest.raises(BuildError) as raised:
+        load_pins(pins_path)
+    assert raised.value.exit_code == ExitCode.BAD_INPUT
+    assert expected in str(raised.value)
+
+    assert main(["pins", "--pins", str(pins_path)]) == ExitCode.BAD_INPUT
+    assert expected in capsys.readouterr().err
+
+
+def test_calibration_problems_are_reported_with_the_others(write_pins, write_calibration):
+    other_model = write_calibration(calibration_document(OTHER_SHA256), name="other.json")
+    pins_path = write_pins({"a": {**VALID_HUGGING_FACE_PIN, "bytes": -1, "calibration": other_model},
+                            # An invalid pin sha256 is reported once, not again as a calibration mismatch.
+                            "b": {**VALID_URL_PIN, "sha256": "x", "calibration": other_model}})
+    with pytest.raises(BuildError) as raised:
+        load_pins(pins_path)
+    lines = str(raised.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["pins.a.bytes", "pins.a.calibration", "pins.b.sha256"]
+    assert "was fitted for the GGUF with sha256" in lines[1]
 
 
 def test_missing_pins_file(tmp_path, capsys):
