@@ -76,6 +76,8 @@ bench-model: $(VENV)/.dev
 # model, each into its own folder.
 BENCH_TASKS ?= ../shared/benchmarks/jevbench
 BENCH_OUT ?= docs/benchmarks
+# The served prompt style first (order and calibration are measured with it), then the candidates it was chosen from.
+BENCH_STYLES ?= plain examples exact exact-examples exact-examples-digits
 bench: $(VENV)/.dev
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT)/embedded-cpu $(BENCH_ARGS)
 	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)/embedded-cpu
@@ -85,6 +87,9 @@ bench: $(VENV)/.dev
 	$(PY) -m benchmarks.prefill --model-dir "$$($(PY) -m benchmarks.bench_model)" --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 	$(PY) -m benchmarks.concurrency --model-dir "$$($(PY) -m benchmarks.bench_model)" \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.accuracy --model-dir "$$($(PY) -m benchmarks.bench_model)" --styles $(BENCH_STYLES) \
+		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.accuracy --styles $(BENCH_STYLES) --orders --out $(BENCH_OUT)/embedded-cpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out
