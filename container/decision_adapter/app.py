@@ -29,6 +29,8 @@ AdapterState = service.AdapterState
 def create_app(settings: Settings | None = None, engine: Any = None, *, defer_loading: bool = False) -> Flask:
     settings = settings or Settings.from_env()
     app = Flask(__name__)
+    # OPTIONS is answered like any other method a route lacks: a JSON 405 with Allow, not an empty 200.
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.json.sort_keys = False  # test clients' json= bodies keep their key order, as real clients' do
     state = AdapterState(settings, Readiness(), Admission(settings.queue_depth, settings.queue_timeout_s), engine)
     app.extensions[service.EXTENSION] = state
