@@ -23,7 +23,7 @@ import zstandard
 from .errors import ApiError, InputError
 
 MAX_DEPTH = 64
-CHUNK = 1 << 16
+ZSTD_PIECE = 64  # compressed bytes per step: at most a few MB of output each
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -53,12 +53,22 @@ def read_body(stream: BinaryIO, content_length: int | None, encoding: str | None
 
 
 def _unzstd(data: bytes, limit: int) -> bytes:
-    """Every frame of a zstd body, in order; stops reading past the limit."""
+    """Every frame of a zstd body, in order; a frame cut short is refused. The input goes in small
+    pieces, so that a small body that expands hugely stops at the limit instead of filling memory."""
     out = bytearray()
+    rest = data
     try:
-        with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
-            while len(out) <= limit and (chunk := reader.read(CHUNK)):
-                out += chunk
+        while rest:
+            frame = zstandard.ZstdDecompressor().decompressobj()
+            fed = 0
+            while fed < len(rest) and not frame.eof:
+                out += frame.decompress(rest[fed:fed + ZSTD_PIECE])
+                fed += ZSTD_PIECE
+                if len(out) > limit:
+                    raise ApiError(413, f"the decoded body is over the limit of {limit} bytes")
+            if not frame.eof:
+                raise ApiError(400, "the body is not valid zstd data: it ends inside a frame (truncated)")
+            rest = frame.unused_data + rest[fed:]
     except zstandard.ZstdError as exc:
         raise ApiError(400, f"the body is not valid zstd data: {exc}") from None
     return bytes(out)
