@@ -183,11 +183,22 @@ class Item:
     question: Question
 
 
-def parse(body: Any, context: RequestContext) -> list[Item]:
+def parse_items(body: Any, context: RequestContext) -> list[Item]:
     """The items of a System One body; a ValidationError (pydantic's) if it is invalid."""
     request = SystemOneRequest.model_validate(body, context=context)
     text = state_text(request.state)
     return [_item(qid, q, text) for qid, q in request.questions.items()]
+
+
+def parse(body: Any, served: str, max_questions: int) -> tuple[str, str, list[Item]]:
+    """(model name as sent, state text, items), the first problem an InputError: for callers outside the
+    routes (the benchmark harness), which have no control tokens to check before ``prepare``."""
+    try:
+        items = parse_items(body, RequestContext(max_decisions=max_questions, served_id=served))
+    except ValidationError as exc:
+        first = validation_detail(exc)["detail"][0]
+        raise InputError(first["loc"], first["msg"], first["type"]) from None
+    return body["model"], items[0].question.state, items
 
 
 def _structured(value: Any) -> str | None:

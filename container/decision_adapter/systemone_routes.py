@@ -29,7 +29,7 @@ def answer(obj: Any) -> tuple[dict[str, Any], dict[str, str]]:
     and ApiError (busy, scoring failed)."""
     state = service.current()
     model = state.readiness.model
-    items = systemone.parse(obj, state.context())
+    items = systemone.parse_items(obj, state.context())
     prepared = model.prepare([item.question for item in items])
     scored, stats, queue_s = service.score(model, prepared, state)
     input_tokens = sum(s.input_tokens for s in scored)
