@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from .errors import InputError, Loc
-from .fields import RequestContext, Structured, Text, check_json, printable, string_problem
+from .fields import RequestContext, Structured, check_json, printable, string_problem
 from .labels import MAX_OPTIONS
 from .prompt import state_text
 from .scoring import Question, Scored
