@@ -34,6 +34,12 @@ FUZZ_ENV = {"ADAPTER_MAX_BODY_BYTES": "65536", "ADAPTER_MAX_DECISIONS": "3", "AD
             "ADAPTER_QUEUE_DEPTH": "2"}
 MEMORY_GROWTH_LIMIT = 256 * 1024 * 1024  # the worker's resident memory may grow this much over a run
 TIMEOUT_S = 60
+SECONDS_PER_CASE = 0.5  # the run stops (and fails) past this pace: a server that stopped answering
+MISSED_LIMIT = 5  # or after this many requests without an answer
+
+
+class Aborted(RuntimeError):
+    """The run stopped early: out of time, or the server stopped answering."""
 
 ROUTES = ["/ping", "/invocations", "/execution-parameters", "/openapi.json", "/v1/systemone", "/v1/models",
           "/v1", "/", "/nope", "/invocations/", "/v1/systemone/x"]
@@ -55,6 +61,7 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     sent: int = 0
     seconds: float = 0.0
+    deadline: float = float("inf")
     memory_growth: int = 0
 
     def record(self, label: str, method: str, response: requests.Response | None, error: str = "") -> None:
@@ -104,6 +111,10 @@ def resident_bytes(server_pid: int) -> int:
 
 
 def _send(session: requests.Session, tally: Tally, label: str, method: str, url: str, **kwargs: Any) -> None:
+    if time.monotonic() > tally.deadline:
+        raise Aborted(f"out of time after {tally.sent} requests")
+    if tally.statuses["no response"] >= MISSED_LIMIT:
+        raise Aborted(f"{MISSED_LIMIT} requests got no answer")
     try:
         response = session.request(method, url, timeout=TIMEOUT_S, **kwargs)
     except requests.RequestException as exc:
@@ -254,10 +265,14 @@ def fuzz(base: str, server_pid: int, cases: int) -> Tally:
             _send(session, tally, "seed", "POST", f"{base}/invocations", json=seed)
         start_memory = resident_bytes(server_pid)
         started = time.monotonic()
-        while tally.sent < cases:
-            remaining = cases - tally.sent
-            schema_cases(base, session, tally, remaining // 2 + 1)
-            mutation_cases(base, session, tally, remaining - remaining // 2)
+        tally.deadline = started + 120 + cases * SECONDS_PER_CASE
+        try:
+            while tally.sent < cases:
+                remaining = cases - tally.sent
+                schema_cases(base, session, tally, remaining // 2 + 1)
+                mutation_cases(base, session, tally, remaining - remaining // 2)
+        except Aborted as exc:
+            tally.failures.append(f"fuzzing stopped early: {exc}")
         tally.seconds = time.monotonic() - started
         ping = session.get(f"{base}/ping", timeout=TIMEOUT_S)
         if ping.status_code != 200:
