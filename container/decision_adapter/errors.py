@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 Loc = tuple[str | int, ...]
 
 
 class ApiError(Exception):
-    """An HTTP answer other than success, with the JSON body and headers it carries."""
+    """An HTTP answer other than success: its status, message and headers. ``retryable`` marks a transient
+    refusal (busy, not ready, past a deadline) that the same request may pass later; a Batch Transform
+    mini-batch with one such line is refused whole, so that SageMaker retries it."""
 
     def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None,
-                 body: dict[str, Any] | None = None):
+                 retryable: bool = False):
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
-        self.body = body if body is not None else {"error": message}
+        self.retryable = retryable
 
 
 class InputError(ValueError):
@@ -37,7 +39,6 @@ def dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def busy(retry_after_s: int, reason: str | None = None) -> ApiError:
-    message = "model is busy; retry the request"
-    body = {"error": message, "retryable": True, **({"reason": reason} if reason else {})}
-    return ApiError(503, message, headers={"Retry-After": str(retry_after_s)}, body=body)
+def busy(retry_after_s: int) -> ApiError:
+    return ApiError(503, "model is busy; retry the request", headers={"Retry-After": str(retry_after_s)},
+                    retryable=True)

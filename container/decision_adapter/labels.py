@@ -12,6 +12,7 @@ import string
 SINGLE = tuple(string.ascii_uppercase)
 PAIRED = tuple(f"{letter}{digit}" for letter in string.ascii_uppercase for digit in string.digits)
 MAX_OPTIONS = 255
+MAX_PERMUTATIONS = 16  # orderings one question may be averaged over (the cost is that many prompts)
 
 
 def labels_for(n_options: int) -> tuple[str, ...]:

@@ -1,10 +1,10 @@
-"""TypeSafe's System One wire format (``POST /v1/systemone``): parse, render as decisions, shape answers.
+"""TypeSafe's System One wire format (``POST /v1/systemone``): request models, questions as decisions, answers.
 
 Each question becomes one decision over the request's state, so all questions share the state's prompt
 prefix; question ids are never shown to the model. ``noul`` is a two-option decision (yes first),
-``choice`` one option per criterion, ``score`` one option per level in order. Invalid requests raise
-``InputError`` with a FastAPI-style location (``["body", "questions", "team", "criteria"]``), rendered
-as ``422 {"detail": [...]}``.
+``choice`` one option per criterion, ``score`` one option per level in order. The request models are
+pydantic's (strict types); an invalid request gets FastAPI's ``422 {"detail": [{"loc", "msg", "type"}]}``
+with pydantic's own errors, located from ``"body"`` (``["body", "questions", "team", "criteria"]``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import InputError, Loc
-from .labels import MAX_OPTIONS
+from .fields import RequestContext, Structured, check_json, printable, string_problem
+from .labels import MAX_OPTIONS, MAX_PERMUTATIONS
 from .prompt import state_text
 from .scoring import Question, Scored
 
@@ -28,8 +32,147 @@ DEFAULT_INSTRUCTIONS = {
     "score": "Which level fits the state best?",
 }
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 415: "invalid_request_error",
-               429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+               404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+               415: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+class SystemOneModel(BaseModel):
+    """Strict JSON types; unknown fields are ignored, as TypeSafe's servers do."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+def _count(least: int, most: int, noun: str):
+    def check(value: Any) -> Any:
+        if isinstance(value, (dict, list)) and not least <= len(value) <= most:
+            raise PydanticCustomError("too_short" if len(value) < least else "too_long",
+                                      "A {kind} needs {least} to {most} {noun}, not {count}",
+                                      {"kind": "choice" if noun == "options" else "score", "least": least,
+                                       "most": most, "noun": noun, "count": len(value)})
+        return value
+    return BeforeValidator(check)
+
+
+def _option_name(value: Any, info: ValidationInfo) -> Any:
+    if isinstance(value, str):
+        if not value.strip():
+            raise PydanticCustomError("string_too_short", "Option names must be non-empty")
+        if problem := string_problem(value, info.context, shown=True):
+            raise problem
+    return value
+
+
+def _question_id(value: Any, info: ValidationInfo) -> Any:
+    if isinstance(value, str):
+        if not value:
+            raise PydanticCustomError("string_too_short", "Question ids must be non-empty strings")
+        if problem := string_problem(value, info.context, shown=False):
+            raise problem
+    return value
+
+
+def _level(value: Any) -> Any:
+    if value is None:
+        raise PydanticCustomError("string_type", "Input should be a string, an object or an array, not null")
+    return value
+
+
+OptionName = Annotated[str, BeforeValidator(_option_name), Field(min_length=1)]
+QuestionId = Annotated[str, BeforeValidator(_question_id), Field(min_length=1)]
+Level = Annotated[Structured, BeforeValidator(_level)]
+
+
+class NoulCriteria(SystemOneModel):
+    true: Structured | None = Field(None, description="What makes the answer true.")
+    false: Structured | None = Field(None, description="What makes it false.")
+
+
+class NoulQuestion(SystemOneModel):
+    """Yes or no: the answer is P(true)."""
+
+    type: Literal["noul"]
+    instructions: Structured | None = None
+    criteria: NoulCriteria | None = None
+
+
+class ChoiceQuestion(SystemOneModel):
+    """One of 2 to 255 named options (a description may be null)."""
+
+    type: Literal["choice"]
+    instructions: Structured | None = None
+    criteria: Annotated[dict[OptionName, Structured | None], _count(2, MAX_OPTIONS, "options"),
+                        Field(min_length=2, max_length=MAX_OPTIONS)]
+
+
+class ScoreQuestion(SystemOneModel):
+    """2 to 10 ordered levels, level 0 first: the answer is the expected level."""
+
+    type: Literal["score"]
+    instructions: Structured | None = None
+    criteria: Annotated[list[Level], _count(2, MAX_SCORE_LEVELS, "levels"),
+                        Field(min_length=2, max_length=MAX_SCORE_LEVELS)]
+
+
+def _question_object(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise PydanticCustomError("dict_type", "Input should be a valid dictionary")
+    return value
+
+
+SystemOneQuestion = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion], Field(discriminator="type"),
+                              BeforeValidator(_question_object)]
+
+
+def _question_count(value: Any, info: ValidationInfo) -> Any:
+    most = getattr(info.context, "max_decisions", None)
+    if isinstance(value, dict):
+        if not value:
+            raise PydanticCustomError("too_short", "Dictionary should have at least 1 item after validation")
+        if most is not None and len(value) > most:
+            raise PydanticCustomError("too_long", "Dictionary should have at most {most} items "
+                                      "(ADAPTER_MAX_DECISIONS), not {count}", {"most": most, "count": len(value)})
+    return value
+
+
+def _state(value: Any) -> Any:
+    if not isinstance(value, (str, dict, list)):
+        raise PydanticCustomError("state_type", "Input should be a string, an object or an array")
+    return value
+
+
+class SystemOneRequest(SystemOneModel):
+    model: str = Field(description=f"The served model id, or its alias {ALIAS!r}.")
+    state: Annotated[Any, BeforeValidator(_state), Field(json_schema_extra={
+        "anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]})]
+    questions: Annotated[dict[QuestionId, SystemOneQuestion], BeforeValidator(_question_count),
+                         Field(min_length=1, description="Question id -> question; at most ADAPTER_MAX_DECISIONS.")]
+    assets: Any = Field(None, description="Image assets; refused: this server serves a text-only model.")
+    x_permutations: int | None = Field(None, ge=1, le=MAX_PERMUTATIONS, description=(
+        "Orderings of each question's options to score and average (default ADAPTER_PERMUTATIONS): 1 is the order "
+        "sent; 2 or more derive them from the option names (score levels: their text) alone."))
+
+    @field_validator("model")
+    @classmethod
+    def _served(cls, model: str, info: ValidationInfo) -> str:
+        served = getattr(info.context, "served_id", None)
+        if served is not None and model not in (ALIAS, served):
+            raise PydanticCustomError("value_error", "Unknown model {model}; this server serves {served} (also as "
+                                      "{alias})", {"model": repr(printable(model)), "served": repr(served),
+                                                   "alias": repr(ALIAS)})
+        return model
+
+    @field_validator("state", mode="after")
+    @classmethod
+    def _readable_state(cls, state: Any, info: ValidationInfo) -> Any:
+        return check_json(state, info)
+
+    @field_validator("assets")
+    @classmethod
+    def _no_assets(cls, assets: Any) -> Any:
+        if assets is not None:
+            raise PydanticCustomError("value_error",
+                                      "Image assets are not supported: this server serves a text-only model")
+        return assets
 
 
 @dataclass(frozen=True)
@@ -43,128 +186,56 @@ class Item:
     question: Question
 
 
+def parse_items(body: Any, context: RequestContext) -> list[Item]:
+    """The items of a System One body; a ValidationError (pydantic's) if it is invalid."""
+    request = SystemOneRequest.model_validate(body, context=context)
+    text = state_text(request.state)
+    return [_item(qid, q, text, request.x_permutations) for qid, q in request.questions.items()]
+
+
 def parse(body: Any, served: str, max_questions: int) -> tuple[str, str, list[Item]]:
-    """(model name as sent, state text, items) from a System One body."""
-    if not isinstance(body, dict):
-        raise InputError(("body",), "Input should be a valid dictionary", "dict_type")
-    for key in ("model", "state", "questions"):
-        if key not in body:
-            raise InputError(("body", key), "Field required", "missing")
-    model = body["model"]
-    if not isinstance(model, str):
-        raise InputError(("body", "model"), "Input should be a valid string", "string_type")
-    if model not in (ALIAS, served):
-        raise InputError(("body", "model"), f"Unknown model {model!r}; this server serves {served!r} "
-                         f"(also as {ALIAS!r})", "value_error")
-    state = body["state"]
-    if not isinstance(state, (str, dict, list)):
-        raise InputError(("body", "state"), "Input should be a string, an object or an array", "state_type")
-    if body.get("assets") is not None:
-        raise InputError(("body", "assets"), "Image assets are not supported: this server serves a text-only model",
-                         "value_error")
-    questions = body["questions"]
-    if not isinstance(questions, dict):
-        raise InputError(("body", "questions"), "Input should be a valid dictionary", "dict_type")
-    if not questions:
-        raise InputError(("body", "questions"), "Dictionary should have at least 1 item after validation",
-                         "too_short")
-    if len(questions) > max_questions:
-        raise InputError(("body", "questions"), f"Dictionary should have at most {max_questions} items "
-                         f"(ADAPTER_MAX_DECISIONS), not {len(questions)}", "too_long")
-    text = state_text(state)
-    items = [_item(qid, q, text) for qid, q in questions.items()]
-    return model, text, items
+    """(model name as sent, state text, items), the first problem an InputError: for callers outside the
+    routes (the benchmark harness), which have no control tokens to check before ``prepare``."""
+    try:
+        items = parse_items(body, RequestContext(max_decisions=max_questions, served_id=served))
+    except ValidationError as exc:
+        first = validation_detail(exc)["detail"][0]
+        raise InputError(first["loc"], first["msg"], first["type"]) from None
+    return body["model"], items[0].question.state, items
 
 
-def _item(qid: str, q: Any, state: str) -> Item:
+def _structured(value: Any) -> str | None:
+    return None if value is None else value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str,
+          permutations: int | None = None) -> Item:
     loc: Loc = ("body", "questions", qid)
-    if not qid:
-        raise InputError(loc, "Question ids must be non-empty strings", "string_too_short")
-    if not isinstance(q, dict):
-        raise InputError(loc, "Input should be a valid dictionary", "dict_type")
-    qtype = q.get("type")
-    if qtype not in TYPES:
-        if "type" not in q:
-            raise InputError(loc + ("type",), "Field required", "missing")
-        hint = " (box questions need a vision model)" if qtype == "box" else ""
-        raise InputError(loc + ("type",), f"Input tag {qtype!r} found using 'type' does not match any of the expected "
-                         f"tags: 'noul', 'choice', 'score'{hint}", "union_tag_invalid")
-    instructions = _structured(q.get("instructions"), loc + ("instructions",), optional=True)
-    question_text = instructions if instructions is not None else DEFAULT_INSTRUCTIONS[qtype]
-    criteria = q.get("criteria")
-    if qtype == "noul":
-        names, texts, option_locs, legend = _noul(criteria, loc)
-    elif qtype == "choice":
-        names, texts, option_locs = _choice(criteria, loc)
-        legend = ()
+    cloc = loc + ("criteria",)
+    instructions = _structured(q.instructions)
+    legend: tuple[Any, ...] = ()
+    if isinstance(q, NoulQuestion):
+        criteria = q.criteria or NoulCriteria()
+        names: tuple[str, ...] = ("true", "false")
+        sides = [(_structured(criteria.true), "Yes"), (_structured(criteria.false), "No")]
+        texts = tuple(f"{word}: {description}" if description else word for description, word in sides)
+        option_locs = (cloc + ("true",), cloc + ("false",))
+    elif isinstance(q, ChoiceQuestion):
+        names = tuple(q.criteria)
+        texts = tuple(f"{name}: {text}" if (text := _structured(d)) else name for name, d in q.criteria.items())
+        option_locs = tuple(cloc + (name,) for name in names)
     else:
-        names, texts, option_locs, legend = _score(criteria, loc)
+        names = tuple(str(i) for i in range(len(q.criteria)))
+        texts = tuple(_structured(level) or "" for level in q.criteria)
+        option_locs = tuple(cloc + (i,) for i in range(len(q.criteria)))
+        legend = tuple(q.criteria)
     # Order averaging orders choices by name and score levels by their text: the options as the client
     # means them, whatever order it sent them in.
-    keys = texts if qtype == "score" else names
-    return Item(qid, qtype, names, legend, Question(
-        loc=loc, state=state, question=question_text, options=texts, option_locs=option_locs,
-        state_loc=("body", "state"), question_loc=loc + ("instructions",), option_keys=keys, kind=qtype))
-
-
-def _noul(criteria: Any, loc: Loc):
-    cloc = loc + ("criteria",)
-    if criteria is None:
-        criteria = {}
-    if not isinstance(criteria, dict):
-        raise InputError(cloc, "Input should be a valid dictionary or null", "model_type")
-    sides = []
-    for side, word in (("true", "Yes"), ("false", "No")):
-        description = _structured(criteria.get(side), cloc + (side,), optional=True)
-        sides.append(f"{word}: {description}" if description else word)
-    return ("true", "false"), tuple(sides), (cloc + ("true",), cloc + ("false",)), ()
-
-
-def _choice(criteria: Any, loc: Loc):
-    cloc = loc + ("criteria",)
-    if criteria is None or not isinstance(criteria, dict):
-        raise InputError(cloc, "Field required" if criteria is None else "Input should be a valid dictionary",
-                         "missing" if criteria is None else "dict_type")
-    if not 2 <= len(criteria) <= MAX_OPTIONS:
-        raise InputError(cloc, f"A choice needs 2 to {MAX_OPTIONS} options, not {len(criteria)}",
-                         "too_short" if len(criteria) < 2 else "too_long")
-    names, texts, locs = [], [], []
-    for name, description in criteria.items():
-        if not name.strip():
-            raise InputError(cloc + (name,), "Option names must be non-empty", "string_too_short")
-        text = _structured(description, cloc + (name,), optional=True)
-        names.append(name)
-        texts.append(f"{name}: {text}" if text else name)
-        locs.append(cloc + (name,))
-    return tuple(names), tuple(texts), tuple(locs)
-
-
-def _score(criteria: Any, loc: Loc):
-    cloc = loc + ("criteria",)
-    if criteria is None:
-        raise InputError(cloc, "Field required", "missing")
-    if not isinstance(criteria, list):
-        raise InputError(cloc, "Input should be a valid list: score levels are an ordered array, level 0 first",
-                         "list_type")
-    if not 2 <= len(criteria) <= MAX_SCORE_LEVELS:
-        raise InputError(cloc, f"A score needs 2 to {MAX_SCORE_LEVELS} levels, not {len(criteria)}",
-                         "too_short" if len(criteria) < 2 else "too_long")
-    texts = tuple(_structured(level, cloc + (i,), optional=False) for i, level in enumerate(criteria))
-    names = tuple(str(i) for i in range(len(criteria)))
-    return names, texts, tuple(cloc + (i,) for i in range(len(criteria))), tuple(criteria)
-
-
-def _structured(value: Any, loc: Loc, *, optional: bool) -> str | None:
-    """Instructions and descriptions: a string, or an object or array rendered as JSON."""
-    if value is None:
-        if optional:
-            return None
-        raise InputError(loc, "Input should be a string, an object or an array, not null", "string_type")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    raise InputError(loc, "Input should be a string, an object or an array", "string_type")
+    keys = texts if q.type == "score" else names
+    return Item(qid, q.type, names, legend, Question(
+        loc=loc, state=state, question=instructions if instructions is not None else DEFAULT_INSTRUCTIONS[q.type],
+        options=texts, option_locs=option_locs, state_loc=("body", "state"), question_loc=loc + ("instructions",),
+        option_keys=keys, permutations=permutations, kind=q.type))
 
 
 def answer(item: Item, scored: Scored) -> dict[str, Any]:
@@ -201,10 +272,134 @@ def score_confidence(p: tuple[float, ...] | list[float]) -> float:
     return min(1.0, max(0.0, 1 - spread / uniform))
 
 
-def validation_error(exc: InputError) -> dict[str, Any]:
-    loc = list(exc.loc) if exc.loc and exc.loc[0] == "body" else ["body", *exc.loc]
-    return {"detail": [{"loc": loc, "msg": exc.msg, "type": exc.kind}]}
+def validation_detail(exc: ValidationError | InputError) -> dict[str, Any]:
+    """FastAPI's 422 body: pydantic's errors (or the scoring layer's one), each located from "body"."""
+    if isinstance(exc, InputError):
+        loc = list(exc.loc) if exc.loc and exc.loc[0] == "body" else ["body", *exc.loc]
+        return {"detail": [{"loc": _safe_loc(loc), "msg": exc.msg, "type": exc.kind}]}
+    return {"detail": [_fastapi_error(error) for error in exc.errors(include_url=False, include_input=False)]}
+
+
+def _fastapi_error(error: dict[str, Any]) -> dict[str, Any]:
+    loc = list(error["loc"])
+    # A tagged union puts the tag in the location (questions.q.choice.criteria); the question's own
+    # fields sit right under its id, so the tag is dropped. An absent tag is the missing field it is.
+    if len(loc) > 2 and loc[0] == "questions" and loc[2] in TYPES:
+        del loc[2]
+    out = {"loc": _safe_loc(["body", *loc]), "msg": error["msg"], "type": error["type"]}
+    if error["type"] == "union_tag_not_found":
+        return {"loc": out["loc"] + ["type"], "msg": "Field required", "type": "missing"}
+    if error["type"] == "union_tag_invalid":
+        out["loc"].append("type")
+    if error.get("ctx"):
+        out["ctx"] = {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+                      for k, v in error["ctx"].items()}
+    if error["type"] == "union_tag_invalid" and error.get("ctx", {}).get("tag") == "box":
+        out["msg"] += " (box questions need a vision model)"
+    return out
+
+
+def json_error(exc: InputError) -> dict[str, Any]:
+    """FastAPI's 422 for a body that is not JSON at all."""
+    return {"detail": [{"loc": ["body"], "msg": exc.msg, "type": exc.kind}]}
+
+
+def _safe_loc(loc: list[Any]) -> list[Any]:
+    return [printable(p) if isinstance(p, str) else p for p in loc]
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
     return {"detail": {"error_type": ERROR_TYPES.get(status, "invalid_request_error"), "message": message}}
+
+
+# ---- Responses (the OpenAPI document describes them; tests check real responses against them) ----------------
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Extensions(Response):
+    """What every answer adds to TypeSafe's shape."""
+
+    x_prompt_sha256: str
+    x_label_mass: float | None = Field(None, description="Share of the full-vocabulary probability on the labels "
+                                                         "at the answer position; low means the prompt is not understood.")
+    x_calibration: dict[str, Any] | None = Field(None, description="The temperature applied (calibration.json "
+                                                                   "fitted for this GGUF and prompt), if any.")
+
+
+class NoulAnswer(Extensions):
+    type: Literal["noul"]
+    noul: float = Field(description="P(true).")
+
+
+class ChoiceAnswer(Extensions):
+    type: Literal["choice"]
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float = Field(description="(n*max - 1) / (n - 1).")
+
+
+class ScoreAnswer(Extensions):
+    type: Literal["score"]
+    score: float = Field(description="The expected level, sum of i * p_i.")
+    legend: dict[str, Any]
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class Usage(Response):
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneTiming(Response):
+    queue: float
+    prefill: float
+    readout: float
+    total: float
+
+
+class SystemOneResponse(Response):
+    model: str
+    answers: dict[str, Annotated[Union[NoulAnswer, ChoiceAnswer, ScoreAnswer], Field(discriminator="type")]]
+    usage: Usage
+    x_evaluated_tokens: int
+    x_timing: SystemOneTiming
+    x_cached_tokens: int | None = Field(None, description="Prompt tokens an earlier request evaluated, taken "
+                                                         "from the state cache.")
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+    ctx: dict[str, Any] | None = None
+
+
+class ValidationFailure(BaseModel):
+    """422: the request does not match the schema; each issue is located from "body"."""
+
+    detail: list[ValidationIssue]
+
+
+class ErrorDetail(BaseModel):
+    error_type: str
+    message: str
+
+
+class SystemOneError(BaseModel):
+    """Any other refusal (401, 413, 415, 503, ...)."""
+
+    detail: ErrorDetail
+    retryable: bool | None = None
+
+
+class ServedModel(BaseModel):
+    name: str
+    description: str
+    release_date: str
+
+
+class ModelsResponse(BaseModel):
+    models: list[ServedModel]

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Iterator
 
@@ -16,20 +17,25 @@ import requests
 
 @contextlib.contextmanager
 def live_server(model_dir: str, **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`serve` (gunicorn) on a free loopback port with the given settings, once /ping says ready."""
+    """`serve` (gunicorn) on a free loopback port with the given settings, once /ping says ready.
+
+    Its output goes to a file (``process.read_log()``), not a pipe: one log line per request would fill
+    a pipe nobody reads and stop the server."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     environ = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
                "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": "2", **env}
+    output = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen([sys.executable, "-m", "decision_adapter.serve"], env=environ,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=output, stderr=subprocess.STDOUT, text=True)
+    process.read_log = lambda: (output.seek(0), output.read())[1]
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
             if process.poll() is not None:
-                pytest.fail(f"serve exited with {process.returncode}: {process.stdout.read()}")
+                pytest.fail(f"serve exited with {process.returncode}: {process.read_log()}")
             try:
                 if requests.get(f"{base}/ping", timeout=2).status_code == 200:
                     break
@@ -43,3 +49,4 @@ def live_server(model_dir: str, **env: str) -> Iterator[tuple[str, subprocess.Po
         if process.poll() is None:
             process.kill()
         process.wait(30)
+        output.close()

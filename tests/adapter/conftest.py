@@ -53,12 +53,13 @@ def client(app):
 def fresh_model(settings: Settings):
     """Scores one walkthrough-schema decision as a server started for it alone would: a new engine each time."""
     from decision_adapter import decision_schema
+    from decision_adapter.fields import RequestContext
     from decision_adapter.startup import load_decision_model
 
     def score(decision: dict):
         model = load_decision_model(dataclasses.replace(settings, state_cache_mb=0))
         try:
-            parsed = decision_schema.parse_one({"decision": decision}, model.max_options)
+            [parsed], _ = decision_schema.parse({"decision": decision}, RequestContext(model=model))
             [result], _ = model.score(model.prepare([parsed.question]))
             return result
         finally:

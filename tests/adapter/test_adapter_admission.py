@@ -94,9 +94,9 @@ def test_a_draining_server_turns_new_requests_away_and_ping_says_so(app, client,
     admission.draining = True
     try:
         response = post(client, example)
-        assert response.status_code == 503 and response.get_json()["retryable"] is True
-        assert response.get_json()["reason"] == "the server is shutting down"
+        assert response.status_code == 503 and response.get_json() == BUSY
         assert client.get("/ping").status_code == 503
+        assert client.get("/ping").get_json()["status"] == "draining"
     finally:
         admission.draining = False
     assert post(client, example).status_code == 200

@@ -63,7 +63,7 @@ def test_sigterm_lets_the_request_in_flight_finish(server, example):
     assert outcome["response"].status_code == 200
     assert len(outcome["response"].json()["results"]) == 6
     assert process.wait(60) == 0
-    log = process.stdout.read()
+    log = process.read_log()
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert any(line.get("path") == "/invocations" and line.get("status") == 200 and line.get("decisions") == 6
                for line in lines), "one structured log line per request"

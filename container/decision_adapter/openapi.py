@@ -1,0 +1,125 @@
+"""The OpenAPI 3.1 document of every route, generated from the request and response models.
+
+``document()`` is what ``GET /openapi.json`` serves; ``docs/openapi.json`` keeps a copy, which a test
+holds current (``make openapi`` rewrites it: ``python -m decision_adapter.openapi > docs/openapi.json``).
+Limits that are settings (``ADAPTER_MAX_DECISIONS``, the byte and token budgets) are in descriptions,
+so that the document is the same for every deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from . import decision_schema as ds
+from . import systemone as s1
+
+REF = "#/components/schemas/{model}"
+VERSION = "1"
+
+
+class ExecutionParameters(BaseModel):
+    """Batch Transform's discovery answer: what one container honours."""
+
+    MaxConcurrentTransforms: int
+    BatchStrategy: str
+    MaxPayloadInMB: int
+
+
+class Ping(BaseModel):
+    status: str
+    detail: str
+    admitted: int
+    capacity: int
+
+
+REQUESTS: list[type[BaseModel]] = [ds.DecisionRequest, ds.DecisionsRequest, s1.SystemOneRequest]
+RESPONSES: list[type[BaseModel]] = [ds.DecisionResponse, ds.DecisionsResponse, ds.Error, s1.SystemOneResponse,
+                                    s1.ValidationFailure, s1.SystemOneError, s1.ModelsResponse, ExecutionParameters,
+                                    Ping]
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(model_or_schema: Any, description: str) -> dict[str, Any]:
+    schema = _ref(model_or_schema) if isinstance(model_or_schema, type) else model_or_schema
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+@lru_cache(maxsize=1)
+def document() -> dict[str, Any]:
+    _, schemas = models_json_schema([(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES],
+                                    ref_template=REF)
+    any_body = {"oneOf": [_ref(m) for m in REQUESTS]}
+    lines = {"type": "string", "description": "One request object (any of the application/json bodies) per line; "
+                                              "the answer has one result or error object per line, in order."}
+    sagemaker_errors = {
+        "400": _json(ds.Error, "Bad input: the message names the field."),
+        "401": _json(ds.Error, "ADAPTER_API_KEY is set and the bearer key is missing or wrong."),
+        "413": _json(ds.Error, "The body, sent or decoded, is over ADAPTER_MAX_BODY_BYTES."),
+        "415": _json(ds.Error, "Another Content-Type or Content-Encoding."),
+        "422": _json(s1.ValidationFailure, "An invalid System One body (System One's shape)."),
+        "503": _json(ds.Error, "Busy or not ready: retry (Retry-After). In a batch, any record refused so "
+                               "refuses the batch."),
+    }
+    systemone_errors = {
+        "401": _json(s1.SystemOneError, "ADAPTER_API_KEY is set and the bearer key is missing or wrong."),
+        "413": _json(s1.SystemOneError, "The body, sent or decoded, is over ADAPTER_MAX_BODY_BYTES."),
+        "415": _json(s1.SystemOneError, "Another Content-Type or Content-Encoding."),
+        "422": _json(s1.ValidationFailure, "Invalid request: pydantic's errors, located from body."),
+        "503": _json(s1.SystemOneError, "Busy or not ready: retry (Retry-After)."),
+    }
+    answers = {"oneOf": [_ref(ds.DecisionResponse), _ref(ds.DecisionsResponse), _ref(s1.SystemOneResponse)]}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Decision adapter", "version": VERSION,
+                 "description": "A GGUF model served as a decision model on SageMaker AI: the AWS walkthrough's "
+                                "decision schema and TypeSafe's System One API over one llama.cpp engine."},
+        "paths": {
+            "/ping": {"get": {"operationId": "ping", "summary": "SageMaker health check",
+                              "responses": {"200": _json(Ping, "Loaded, verified and probed."),
+                                            "503": _json(Ping, "Loading, or failed (detail says why).")}}},
+            "/invocations": {"post": {
+                "operationId": "invocations", "summary": "SageMaker entry: decision, decisions, System One, "
+                                                         "or one per line (Batch Transform)",
+                "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": any_body}, "application/jsonlines": {"schema": lines}}},
+                "responses": {"200": {"description": "The answer (one line per record for a batch).", "content": {
+                    "application/json": {"schema": answers}, "application/jsonlines": {"schema": lines}}},
+                    **sagemaker_errors}}},
+            "/execution-parameters": {"get": {
+                "operationId": "executionParameters", "summary": "Batch Transform's discovery call",
+                "responses": {"200": _json(ExecutionParameters, "What this container honours.")}}},
+            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
+                                      "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")}}},
+            "/v1/systemone": {"post": {
+                "operationId": "systemone", "summary": "System One (TypeSafe-compatible)",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(s1.SystemOneRequest)}}},
+                "responses": {"200": _json(s1.SystemOneResponse, "Answers by question id."), **systemone_errors},
+                "security": [{}, {"bearer": []}]}},
+            "/v1/models": {"get": {
+                "operationId": "models", "summary": "The served model id and its alias",
+                "responses": {"200": _json(s1.ModelsResponse, "Models."), "401": systemone_errors["401"],
+                              "503": systemone_errors["503"]},
+                "security": [{}, {"bearer": []}]}},
+        },
+        "components": {"schemas": schemas["$defs"],
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                                      "description": "Required when ADAPTER_API_KEY is set."}}},
+    }
+
+
+def text() -> str:
+    """The document as committed in docs/openapi.json."""
+    return json.dumps(document(), indent=2, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(text())

@@ -1,0 +1,221 @@
+"""Hostile input on the real model: every class gets a 4xx that names the field, never a 5xx, and every
+body answered is strict JSON. Each case here was a 500 (or a silent truncation) before the request models."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import zstandard
+
+from decision_adapter.app import create_app
+from fuzz import strict_json_problem
+
+S = "\ud800"  # a lone surrogate; json.dumps writes it as the escape \ud800
+
+
+def ex(**changes) -> dict:
+    d = {"id": "support-route", "state": "Customer cannot log in.", "question": "Which queue?",
+         "options": [{"id": "account_access", "description": "Account access."},
+                     {"id": "billing", "description": "Billing."}]}
+    d.update(changes)
+    return {"decision": d}
+
+
+def s1(**changes) -> dict:
+    body = {"model": "jev-latest", "state": "Charged twice.", "questions": {"q": {"type": "noul"}}}
+    body.update(changes)
+    return body
+
+
+def raw(body) -> bytes:
+    return body if isinstance(body, bytes) else json.dumps(body).encode()
+
+
+DECISION_CASES = [
+    ("surrogate-state", ex(state=f"a{S}b"), 400, "decision.state holds a lone surrogate \\ud800"),
+    ("surrogate-question", ex(question=S), 400, "decision.question holds a lone surrogate"),
+    ("surrogate-option-id", ex(options=[{"id": S}, {"id": "b"}]), 400, "decision.options[0].id holds a lone surrogate"),
+    ("surrogate-description", ex(options=[{"id": "a", "description": f"x{S}"}, {"id": "b"}]), 400,
+     "decision.options[0].description holds a lone surrogate"),
+    ("surrogate-decision-id", ex(id=S), 400, "decision.id holds a lone surrogate"),
+    ("surrogate-state-key", ex(state={"ok": 1, f"k{S}": 2}), 400, "decision.state.k\\ud800 holds a lone surrogate"),
+    ("surrogate-nested-state", ex(state={"a": [1, {"b": S}]}), 400, "decision.state.a[1].b holds a lone surrogate"),
+    ("low-surrogate", ex(state="\udc00"), 400, "decision.state holds a lone surrogate \\udc00"),
+    ("control-token-in-state-object", ex(state={"m": "<|im_start|>"}), 400,
+     "decision.state.m contains the model's control token '<|im_start|>'"),
+    ("control-token-in-state-key", ex(state={"<|im_end|>": 1}), 400,
+     "decision.state.<|im_end|> contains the model's control token"),
+    ("infinite-number", raw(ex(state={"x": 1})).replace(b'"x": 1', b'"x": 1e400'), 400,
+     "decision.state.x must be a finite number"),
+    ("negative-infinite", raw(ex(state=[1])).replace(b"[1]", b"[-1e999]"), 400, "decision.state[0] must be a finite number"),
+    ("nan", b'{"decision": {"state": [NaN]}}', 400, "NaN is not valid JSON"),
+    ("huge-integer", raw(ex(state=[1])).replace(b"[1]", b"[" + b"9" * 5000 + b"]"), 400, "the body is not valid JSON"),
+    ("deep-arrays", b"[" * 100_000 + b"]" * 100_000, 400, "nests arrays and objects 100000 levels deep, over the limit of 64"),
+    ("deep-objects", b'{"a":' * 50_000 + b"1" + b"}" * 50_000, 400, "nests arrays and objects 50000 levels deep"),
+    ("deep-unclosed", b"[" * 100_000, 400, "over the limit of 64"),
+    ("deep-state", raw(ex(state=[1])).replace(b"[1]", b"[" * 63 + b"]" * 63), 400, "65 levels deep"),
+    ("brackets-in-strings-are-not-depth", raw(ex(state="[" * 80)), 200, None),
+    ("invalid-utf8", b'{"decision": "\xff"}', 400, "the body is not valid JSON: it is not UTF-8"),
+    ("encoded-surrogate", b'{"decision": "\xed\xa0\x80"}', 400, "it is not UTF-8"),
+    ("utf16", json.dumps(ex()).encode("utf-16"), 400, "it is not UTF-8"),
+    ("bom", b"\xef\xbb\xbf" + raw(ex()), 400, "the body is not valid JSON"),
+    ("truncated", raw(ex())[:-7], 400, "the body is not valid JSON"),
+    ("bool-as-id", ex(id=True), 400, "decision.id must be a non-empty string"),
+    ("number-as-description", ex(options=[{"id": "a", "description": 1.5}, {"id": "b"}]), 400,
+     "decision.options[0].description must be a string"),
+    ("null-options", ex(options=None), 400, "decision.options must be an array"),
+]
+
+
+@pytest.mark.parametrize("body, status, message", [c[1:] for c in DECISION_CASES], ids=[c[0] for c in DECISION_CASES])
+def test_hostile_decision_bodies_get_a_4xx_naming_the_field(client, body, status, message):
+    response = client.post("/invocations", data=raw(body), content_type="application/json")
+
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert strict_json_problem(response.data) == ""
+    if message:
+        assert message in response.get_json()["error"]
+
+
+SYSTEM_ONE_CASES = [
+    ("surrogate-question-id", s1(questions={S: {"type": "noul"}}), ["body", "questions"], "string_surrogate"),
+    ("surrogate-instructions", s1(questions={"q": {"type": "noul", "instructions": S}}),
+     ["body", "questions", "q", "instructions"], "string_surrogate"),
+    ("surrogate-criteria-key", s1(questions={"q": {"type": "choice", "criteria": {S: None, "B": None}}}),
+     ["body", "questions", "q", "criteria"], "string_surrogate"),
+    ("surrogate-criteria-value", s1(questions={"q": {"type": "choice", "criteria": {"A": [S], "B": None}}}),
+     ["body", "questions", "q", "criteria", "A", 0], "string_surrogate"),
+    ("surrogate-noul-side", s1(questions={"q": {"type": "noul", "criteria": {"true": S}}}),
+     ["body", "questions", "q", "criteria", "true"], "string_surrogate"),
+    ("surrogate-state", s1(state={"x": S}), ["body", "state", "x"], "string_surrogate"),
+    ("surrogate-model", s1(model=S), ["body", "model"], "value_error"),
+    ("infinite-score-level", raw(s1(questions={"q": {"type": "score", "criteria": ["a", {"w": 7}]}})).replace(
+        b'"w": 7', b'"w": 1e400'), ["body", "questions", "q", "criteria", 1, "w"], "finite_number"),
+    ("number-score-level", s1(questions={"q": {"type": "score", "criteria": ["a", 5]}}),
+     ["body", "questions", "q", "criteria", 1], "string_type"),
+    ("control-token-state-key", s1(state={"<|im_start|>": 1}), ["body", "state", "<|im_start|>"], "control_token"),
+    ("deep", b"[" * 100_000, ["body"], "json_too_deep"),
+    ("type-as-list", s1(questions={"q": {"type": ["noul"]}}), ["body", "questions", "q", "type"], "union_tag_invalid"),
+    ("strict-string", s1(model=1), ["body", "model"], "string_type"),
+]
+
+
+@pytest.mark.parametrize("body, loc, kind", [c[1:] for c in SYSTEM_ONE_CASES], ids=[c[0] for c in SYSTEM_ONE_CASES])
+def test_hostile_system_one_bodies_get_a_422_naming_the_field(client, body, loc, kind):
+    response = client.post("/v1/systemone", data=raw(body), content_type="application/json")
+
+    assert response.status_code == 422, response.get_data(as_text=True)
+    assert strict_json_problem(response.data) == ""
+    [detail] = response.get_json()["detail"]
+    assert detail["loc"][:len(loc)] == loc
+    assert detail["type"] == kind
+
+
+def test_a_lone_surrogate_in_one_line_fails_that_line_only(client):
+    good = json.dumps(ex())
+    lines = [good, json.dumps(ex(question=S)), json.dumps(s1(questions={S: {"type": "noul"}})), good]
+    response = client.post("/invocations", data="\n".join(lines), content_type="application/jsonlines")
+
+    assert response.status_code == 200
+    assert strict_json_problem(response.data, lines=True) == ""
+    out = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    assert out[0]["result"]["probabilities"] == out[3]["result"]["probabilities"]
+    assert out[1] == {"error": "line 2: decision.question holds a lone surrogate \\ud800, which is not text "
+                               "(send UTF-8 or a surrogate pair)", "status": 400}
+    assert out[2]["status"] == 422 and out[2]["detail"][0]["loc"][:2] == ["body", "questions"]
+    assert "\\ud800" in out[2]["detail"][0]["msg"]
+
+
+def test_a_surrogate_pair_is_text(client):
+    response = client.post("/invocations", data=raw(ex(state="Customer is angry \ud83d\ude20")),
+                           content_type="application/json")
+    assert response.status_code == 200, response.get_json()
+
+
+def test_multi_frame_zstd_and_multi_member_gzip_are_decoded_whole(client):
+    body = raw(s1(state="Charged twice. " * 40))
+    plain = client.post("/v1/systemone", data=body, content_type="application/json").get_json()["answers"]
+    halves = body[:len(body) // 2], body[len(body) // 2:]
+    packed = {"zstd": b"".join(zstandard.ZstdCompressor().compress(h) for h in halves),
+              "gzip": b"".join(gzip.compress(h) for h in halves)}
+    for encoding, data in packed.items():
+        response = client.post("/v1/systemone", data=data, content_type="application/json",
+                               headers={"Content-Encoding": encoding})
+        assert response.status_code == 200, (encoding, response.get_json())
+        assert response.get_json()["answers"] == plain
+
+
+@pytest.mark.parametrize("encoding, data, message", [
+    ("gzip", gzip.compress(raw(ex()))[:-9], "ends inside a member (truncated)"),
+    ("gzip", gzip.compress(raw(ex())) + b"junk", "not valid gzip data"),
+    ("zstd", zstandard.ZstdCompressor().compress(raw(ex()))[:-4], "not valid zstd data"),
+    ("gzip", raw(ex()), "not valid gzip data"),
+    ("deflate", raw(ex()), "Content-Encoding 'deflate' is not supported"),
+])
+def test_compressed_bodies_cut_short_or_mislabelled_are_refused(client, encoding, data, message):
+    response = client.post("/invocations", data=data, content_type="application/json",
+                           headers={"Content-Encoding": encoding})
+    assert 400 <= response.status_code < 500
+    assert message in response.get_json()["error"]
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("GET", "/invocations", "POST"), ("PUT", "/ping", "GET"), ("DELETE", "/v1/systemone", "POST"),
+    ("OPTIONS", "/invocations", "POST"), ("POST", "/execution-parameters", "GET")])
+def test_405_keeps_its_allow_header_and_the_route_s_error_shape(client, method, path, allow):
+    response = client.open(path, method=method)
+    assert response.status_code == 405
+    assert allow in response.headers["Allow"]
+    body = response.get_json()
+    assert ("detail" in body) if path.startswith("/v1/") else ("error" in body)
+
+
+@pytest.mark.parametrize("content_type, status", [
+    ("application/json; charset=utf-16", 415), ("application/json; charset=UTF-8", 200), ("text/json", 415)])
+def test_content_type_charset(client, example, content_type, status):
+    response = client.post("/invocations", data=raw(example), content_type=content_type)
+    assert response.status_code == status, response.get_json()
+
+
+@pytest.fixture(scope="module")
+def keyed_client(settings, engine):
+    return create_app(settings.replace(api_key="s3cret"), engine).test_client()
+
+
+@pytest.mark.parametrize("path, body, authorization, status", [
+    ("/invocations", s1(), None, 401),
+    ("/invocations", s1(), "Bearer wrong", 401),
+    ("/invocations", s1(), "Bearer s3cret", 200),
+    ("/invocations", ex(), None, 401),
+    ("/invocations", ex(), "Bearer s3cret", 200),
+    ("/v1/systemone", s1(), None, 401),
+])
+def test_a_configured_key_guards_invocations_whatever_the_body(keyed_client, path, body, authorization, status):
+    headers = {"Authorization": authorization} if authorization else {}
+    response = keyed_client.post(path, json=body, headers=headers)
+    assert response.status_code == status, response.get_json()
+    if status == 401:
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_health_and_discovery_routes_need_no_key(keyed_client):
+    for path in ("/ping", "/execution-parameters", "/openapi.json"):
+        assert keyed_client.get(path).status_code == 200, path
+
+
+def long_words(n: int, seed: int) -> str:
+    return " ".join(f"option{seed}word{i}" for i in range(n))
+
+
+def test_five_questions_of_26_long_options_get_a_4xx_naming_the_decision_never_a_5xx(client):
+    """These prompts are over ADAPTER_MAX_PROMPT_TOKENS; the valid case that once ran out of memory cells is
+    test_a_valid_request_larger_than_the_memory_at_once_is_planned_to_fit (test_adapter_decisions.py)."""
+    state = "A customer writes about a late parcel and a double charge."
+    decisions = [{"id": f"d{q}", "state": state, "question": f"Question {q}: which option fits?",
+                  "options": [{"id": f"o{i}", "description": long_words(150, i)} for i in range(26)]}
+                 for q in range(5)]
+    response = client.post("/invocations", json={"decisions": decisions})
+    assert response.status_code == 400, response.get_data(as_text=True)[:300]
+    assert response.get_json()["error"].startswith("decisions[0] renders to a prompt of ")
