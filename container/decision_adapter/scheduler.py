@@ -46,6 +46,7 @@ class Ticket:
 
     job: Any
     deadline: float  # time.monotonic() after which the job is dropped
+    tokens: int  # what the job was admitted for; its plan may change if a cached state must be decoded again
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     future: Future = field(default_factory=Future)
@@ -70,14 +71,14 @@ class Scheduler:
     # ---- callers -------------------------------------------------------------------------------
 
     def submit(self, job: Any, timeout_s: float) -> Ticket:
-        ticket = Ticket(job, time.monotonic() + timeout_s)
+        ticket = Ticket(job, time.monotonic() + timeout_s, job.tokens)
         with self._ready:
             if self._stopping:
                 raise Busy("the server is shutting down")
             if self._queued_tokens and self._queued_tokens + job.tokens > self.queue_tokens:
                 raise Busy(f"{self._queued_tokens} tokens are queued; this job adds {job.tokens}, over the "
                            f"budget of {self.queue_tokens}")
-            self._queued_tokens += job.tokens
+            self._queued_tokens += ticket.tokens
             self._queue.append(ticket)
             self._ready.notify()
         return ticket
@@ -122,7 +123,7 @@ class Scheduler:
             finally:
                 with self._ready:
                     self._running = None
-                    self._queued_tokens -= ticket.job.tokens
+                    self._queued_tokens -= ticket.tokens
 
     def _run(self, ticket: Ticket) -> None:
         ticket.started = time.monotonic()

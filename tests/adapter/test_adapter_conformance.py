@@ -24,7 +24,9 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def server(settings):
-    with live_server(settings.model_dir) as (base, process):
+    # 255 options make a ~4,000-token prompt: about a minute on two cores, past the 55 s default deadline
+    # (SageMaker's own limit is 60 s). The suite tests the wire, so the server waits as long as its client.
+    with live_server(settings.model_dir, ADAPTER_REQUEST_TIMEOUT_S="300") as (base, process):
         yield base
 
 
