@@ -14,10 +14,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
-REGION, ACCOUNT = "us-east-1", "123456789012"
-FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                    "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}
+from registry_testkit import ACCOUNT, FAKE_CREDENTIALS, REGION, REPOSITORY_ROOT, manifest, push
 
 
 @pytest.fixture(scope="session")
@@ -35,20 +32,6 @@ def aws_environment(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     for name, value in FAKE_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
-
-
-def manifest(seed: str) -> str:
-    """A distinct image manifest per seed (moto derives the digest from the manifest's bytes)."""
-    return json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                       "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 7,
-                                  "digest": "sha256:" + seed * 64}, "layers": []})
-
-
-def push(ecr, repository: str, image_manifest: str, tag: str) -> str:
-    """PutImage as docker push does it; the digest is the manifest's sha256, as in ECR."""
-    digest = "sha256:" + hashlib.sha256(image_manifest.encode()).hexdigest()
-    ecr.put_image(repositoryName=repository, imageManifest=image_manifest, imageTag=tag, imageDigest=digest)
-    return digest
 
 
 @dataclass

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import FAKE_CREDENTIALS, REPOSITORY_ROOT
+from registry_testkit import FAKE_CREDENTIALS, REPOSITORY_ROOT, manifest, push
 from endpoint_client import pins
 from endpoint_client.pins import protective_tag
 
@@ -77,7 +77,6 @@ def test_unpinned_and_unlisted_endpoints_do_not_fail_the_check(deployment, capsy
 def test_a_pin_in_another_repository_is_checked_there(deployment, capsys):
     ecr = deployment.client("ecr")
     ecr.create_repository(repositoryName=f"mirror-{deployment.repository}")
-    from conftest import manifest, push
     digest = push(ecr, f"mirror-{deployment.repository}", manifest("7"), "b1")
     uri = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/mirror-{deployment.repository}@{digest}"
     deployment.write_cdk_json(lambda e: e["pins"]["images"].__setitem__("text_generation", uri))
