@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import report
 from .run import Options, run
-from .tasks import DEFAULT_TASKS, TIERS, first_per_tier, load
+from .tasks import DEFAULT_TASKS, TIERS, first_per_tier, load, with_short_states
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: the public JevBench tasks in ../shared/benchmarks/jevbench)")
     parser.add_argument("--per-tier", type=int, default=0, metavar="N",
                         help="only the first N tasks of each tier (default: all)")
+    parser.add_argument("--max-state-chars", type=int, default=0, metavar="N",
+                        help="only tasks whose state is at most N characters (default: all)")
     parser.add_argument("--endpoint", default="auto",
                         help="auto (start the adapter here), a /v1/systemone or /invocations URL, or sagemaker:NAME")
     parser.add_argument("--generation", default="auto",
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"no tasks at {', '.join(map(str, missing))}")
     tasks = load(args.tasks)
+    if args.max_state_chars:
+        tasks = with_short_states(tasks, args.max_state_chars)
     if args.per_tier:
         tasks = first_per_tier(tasks, args.per_tier)
     options = Options(tasks=tasks, endpoint=args.endpoint, generation=args.generation, model_dir=args.model_dir,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import Outcome, accuracy, brier, ece
-from .tasks import DEFAULT_TASKS, TIERS, Task, load
+from .tasks import DEFAULT_TASKS, TIERS, Task, first_per_tier, load, with_short_states
 
 ORDER_SEED = 20261201
 
@@ -202,7 +202,8 @@ def markdown(result: dict[str, Any]) -> str:
         for s in names) + " |")
     lines.append("| median s per decision | | " + " | ".join(f"{styles[s]['seconds_p50']:.2f}" for s in names) + " |")
     if result.get("orders"):
-        lines += ["", f"Order averaging (style `{names[0]}`, choice and score tasks, options as given and shuffled):",
+        lines += ["", f"Order averaging (style `{names[0]}`, choice and score tasks of tiers "
+                  f"{', '.join(result.get('order_tiers', TIERS))}, options as given and shuffled):",
                   "", "| K | flip rate | accuracy (given) | accuracy (shuffled) | median s per decision |",
                   "|---:|---:|---:|---:|---:|"]
         for k, o in result["orders"].items():
@@ -226,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS])
     parser.add_argument("--model-dir", help="GGUF folder (default: the embedded SmolLM2 model)")
+    parser.add_argument("--per-tier", type=int, default=0, metavar="N", help="only the first N tasks of each tier")
+    parser.add_argument("--max-state-chars", type=int, default=0, metavar="N",
+                        help="only tasks whose state is at most N characters (as JSON when not a string): on a "
+                             "slow machine, long states cost most of the run")
+    parser.add_argument("--order-tiers", nargs="+", choices=TIERS, default=list(TIERS),
+                        help="tiers whose choice and score tasks the order section scores")
     parser.add_argument("--styles", nargs="+", choices=list(STYLES), default=[DEFAULT_STYLE],
                         help="prompt styles to compare; the first is used for the order and calibration sections")
     parser.add_argument("--orders", type=int, nargs="*", default=[1, 2, 4], help="K values of order averaging")
@@ -239,11 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     from decision_adapter.startup import load_decision_model
 
     tasks = load(args.tasks)
+    if args.max_state_chars:
+        tasks = with_short_states(tasks, args.max_state_chars)
+    if args.per_tier:
+        tasks = first_per_tier(tasks, args.per_tier)
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = args.model_dir or str(embedded_model_dir())
     base = replace(Settings.from_env(), model_dir=model_dir, threads=args.threads)
     result: dict[str, Any] = {"model": Path(model_dir).name, "tasks": len(tasks), "threads": args.threads,
-                              "styles": {}}
+                              "order_tiers": args.order_tiers, "styles": {}}
     first_scored = None
     for i, style in enumerate(args.styles):
         model = load_decision_model(replace(base, prompt_style=style), calibrated=False)
@@ -254,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             if i == 0:
                 first_scored = scored
                 if args.orders:
-                    result["orders"] = order_section(model, tasks, args.orders)
+                    result["orders"] = order_section(model, [t for t in tasks if t.tier in args.order_tiers],
+                                                     args.orders)
         finally:
             model.engine.close()
     if args.calibration and first_scored:

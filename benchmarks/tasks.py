@@ -83,3 +83,13 @@ def first_per_tier(tasks: list[Task], n: int) -> list[Task]:
             kept.append(task)
             counts[task.tier] = counts.get(task.tier, 0) + 1
     return kept
+
+
+def state_chars(task: Task) -> int:
+    """The state's length in characters (as JSON when it is not a string)."""
+    return len(task.state) if isinstance(task.state, str) else len(json.dumps(task.state, ensure_ascii=False))
+
+
+def with_short_states(tasks: list[Task], max_chars: int) -> list[Task]:
+    """The tasks whose state is at most ``max_chars`` characters: on a slow machine, long states cost most."""
+    return [t for t in tasks if state_chars(t) <= max_chars]

@@ -6,6 +6,7 @@ import http.server
 import json
 import math
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from benchmarks import generation
 from benchmarks.clients import EndpointError, HttpEndpoint, endpoint
 from benchmarks.metrics import Outcome, accuracy, brier, ece, latency_summary, percentile, reliability
 from benchmarks.report import markdown
-from benchmarks.tasks import first_per_tier, load
+from benchmarks.tasks import first_per_tier, load, state_chars, with_short_states
 
 SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
 
@@ -33,6 +34,15 @@ def test_sample_tasks_load_with_tiers_labels_and_integer_score_levels():
     assert score.expected == "2" and score.labels == ("0", "1", "2")
     assert score.system_one() == {"model": "jev-latest", "state": score.state, "questions": {"q": score.question}}
     assert [t.id for t in first_per_tier(tasks, 1)] == ["t-easy-choice", "t-original-score", "t-hard-noul"]
+
+
+def test_short_states_keep_the_tasks_whose_state_fits_counted_as_json_when_structured():
+    tasks = load([SAMPLE])
+    lengths = sorted(state_chars(t) for t in tasks)
+    kept = with_short_states(tasks, lengths[2])
+    assert [t.id for t in kept] == [t.id for t in tasks if state_chars(t) <= lengths[2]] and len(kept) >= 3
+    structured = replace(tasks[0], state={"order": 7, "note": "é"})
+    assert state_chars(structured) == len('{"order": 7, "note": "é"}')
 
 
 def test_a_folder_is_read_tier_by_tier_and_the_file_names_the_tier(tmp_path):
