@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: the public JevBench tasks in ../shared/benchmarks/jevbench)")
     parser.add_argument("--per-tier", type=int, default=0, metavar="N",
                         help="only the first N tasks of each tier (default: all)")
+    parser.add_argument("--task-ids", nargs="+", metavar="ID", help="only these tasks (by id)")
     parser.add_argument("--max-state-chars", type=int, default=0, metavar="N",
                         help="only tasks whose state is at most N characters (default: all)")
     parser.add_argument("--endpoint", default="auto",
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"no tasks at {', '.join(map(str, missing))}")
     tasks = load(args.tasks)
+    if args.task_ids:
+        unknown = set(args.task_ids) - {t.id for t in tasks}
+        if unknown:
+            parser.error(f"no task with id {', '.join(sorted(unknown))}")
+        tasks = [t for t in tasks if t.id in args.task_ids]
     if args.max_state_chars:
         tasks = with_short_states(tasks, args.max_state_chars)
     if args.per_tier:

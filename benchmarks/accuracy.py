@@ -120,19 +120,30 @@ def summary(tasks: list[Task], scored: list[Scored]) -> dict[str, Any]:
 
 
 def order_section(model, tasks: list[Task], orders: list[int]) -> dict[str, Any]:
+    """Choice and score tasks as given and shuffled at each K: flip rate, accuracy, seconds. ``noul`` tasks,
+    whose two options the adapter orders itself (true is label A), at each K: accuracy and how often they say
+    true, which is where position bias shows. The state cache is emptied before each K, so that every K pays
+    for its own states (the shuffled copy of a task still finds the state its given order left)."""
     ordered = [t for t in tasks if t.kind in ("choice", "score")]
+    nouls = [t for t in tasks if t.kind == "noul"]
     rng = random.Random(ORDER_SEED)
     moved = [shuffled(t, rng) for t in ordered]
     out = {}
     for k in orders:
+        model.engine.cache.clear()
         given, other = score_tasks(model, ordered, k), score_tasks(model, moved, k)
         pairs = {s.task.id: s for s in given}
         flips = [answer_key(s.task, s.distribution) != answer_key(pairs[s.task.id].task, pairs[s.task.id].distribution)
                  for s in other if s.task.id in pairs]
+        noul = score_tasks(model, nouls, k)
         out[str(k)] = {"tasks": len(ordered), "accuracy_given": accuracy([s.outcome() for s in given]),
                        "accuracy_shuffled": accuracy([s.outcome() for s in other]),
                        "flip_rate": statistics.fmean(flips) if flips else None,
-                       "seconds_p50": statistics.median(s.seconds for s in given + other)}
+                       "seconds_p50": statistics.median(s.seconds for s in given + other),
+                       "noul_tasks": len(nouls),
+                       "noul_accuracy": accuracy([s.outcome() for s in noul]) if noul else None,
+                       "noul_true_rate": statistics.fmean(s.distribution[s.task.labels.index("yes")] > 0.5
+                                                          for s in noul) if noul else None}
         print(f"order K={k}: flip rate {out[str(k)]['flip_rate']:.3f}, accuracy {out[str(k)]['accuracy_given']:.3f}",
               flush=True)
     return out
@@ -204,11 +215,14 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("orders"):
         lines += ["", f"Order averaging (style `{names[0]}`, choice and score tasks of tiers "
                   f"{', '.join(result.get('order_tiers', TIERS))}, options as given and shuffled):",
-                  "", "| K | flip rate | accuracy (given) | accuracy (shuffled) | median s per decision |",
-                  "|---:|---:|---:|---:|---:|"]
+                  "", "| K | flip rate | accuracy (given) | accuracy (shuffled) | median s per decision | "
+                      "noul accuracy | noul answered true |",
+                  "|---:|---:|---:|---:|---:|---:|---:|"]
         for k, o in result["orders"].items():
+            noul = (f"{100 * o['noul_accuracy']:.1f}% | {100 * o['noul_true_rate']:.0f}%"
+                    if o.get("noul_accuracy") is not None else "- | -")
             lines.append(f"| {k} | {100 * o['flip_rate']:.1f}% | {100 * o['accuracy_given']:.1f}% | "
-                         f"{100 * o['accuracy_shuffled']:.1f}% | {o['seconds_p50']:.2f} |")
+                         f"{100 * o['accuracy_shuffled']:.1f}% | {o['seconds_p50']:.2f} | {noul} |")
     cal = result.get("calibration")
     if cal:
         t = ", ".join(f"{k} {v:.2f}" for k, v in cal["temperatures_all_rows"].items())

@@ -15,6 +15,7 @@ for the adapter and for llama-server with its prompt cache, which keeps the prev
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import platform
 import statistics
@@ -187,7 +188,7 @@ def _shared_state(tasks: list[Task], ours: JsonEndpoint, floor, n: int) -> dict[
     if len(questions) < 2:
         return None
     together_s, apart_s = [], []
-    fresh = iter(range(1, 1_000_000))
+    fresh = _FRESH_CASES
     for _ in range(SHARED_STATE_REPEATS):
         body = {"model": "jev-latest", "state": _unseen(state_task.state, next(fresh)),
                 "questions": {f"q{i}": q for i, q in enumerate(questions)}}
@@ -226,7 +227,7 @@ def _repeated_state(tasks: list[Task], ours: JsonEndpoint, chat: JsonEndpoint | 
     paths: dict[str, dict[str, list[float]]] = {"decision": {}, **({"generation": {}} if chat else {})}
     cached: list[int] = []
     for round_ in range(REPEATED_STATE_ROUNDS):
-        state = _unseen(base.state, round_ + 1)
+        state = _unseen(base.state, next(_FRESH_CASES))
         first, new = replace(base, state=state), replace(other, state=state)
         for name, (task, kind) in (("first", (first, "first")), ("new_question", (new, "new")),
                                    ("identical_repeat", (new, "repeat"))):
@@ -245,6 +246,11 @@ def _repeated_state(tasks: list[Task], ours: JsonEndpoint, chat: JsonEndpoint | 
                      "new_question_ratio": medians["new_question"] / medians["first"],
                      "identical_repeat_ratio": medians["identical_repeat"] / medians["first"]}
     return out
+
+
+# One numbering for every unseen state of a run: the shared-state and repeated-state sections may pick the same
+# task, and a case number used twice would hand the second section the first one's cached state.
+_FRESH_CASES = itertools.count(1)
 
 
 def _unseen(state: Any, case: int) -> Any:

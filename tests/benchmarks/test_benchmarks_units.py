@@ -241,6 +241,7 @@ def test_accuracy_tool_compares_styles_orders_and_calibration_on_the_real_model(
     assert result["styles"]["plain"]["version"] != result["styles"]["exact-examples-digits"]["version"]
     assert all(style["overall"]["n"] == 6 for style in result["styles"].values())
     assert result["orders"]["2"]["flip_rate"] == 0.0, "averaged orderings do not depend on the order sent"
+    assert result["orders"]["2"]["noul_tasks"] == 2 and 0 <= result["orders"]["2"]["noul_true_rate"] <= 1
     assert result["calibration"]["before"]["ece_10"] >= 0
     assert (tmp_path / "reliability-after-calibration.png").read_bytes()[:4] == b"\x89PNG"
     assert "| overall | 6 |" in (tmp_path / "accuracy.md").read_text()
