@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import report
 from .run import Options, run
-from .tasks import DEFAULT_TASKS, TIERS, first_per_tier, load, with_short_states
+from .tasks import DEFAULT_TASKS, TIERS, add_selection_options, load, selected
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,11 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS],
                         help="JSON-lines task files, or a folder with easy/original/hard.jsonl "
                              "(default: the public JevBench tasks in ../shared/benchmarks/jevbench)")
-    parser.add_argument("--per-tier", type=int, default=0, metavar="N",
-                        help="only the first N tasks of each tier (default: all)")
+    add_selection_options(parser)
     parser.add_argument("--task-ids", nargs="+", metavar="ID", help="only these tasks (by id)")
-    parser.add_argument("--max-state-chars", type=int, default=0, metavar="N",
-                        help="only tasks whose state is at most N characters (default: all)")
     parser.add_argument("--endpoint", default="auto",
                         help="auto (start the adapter here), a /v1/systemone or /invocations URL, or sagemaker:NAME")
     parser.add_argument("--generation", default="auto",
@@ -51,10 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"no task with id {', '.join(sorted(unknown))}")
         tasks = [t for t in tasks if t.id in args.task_ids]
-    if args.max_state_chars:
-        tasks = with_short_states(tasks, args.max_state_chars)
-    if args.per_tier:
-        tasks = first_per_tier(tasks, args.per_tier)
+    tasks = selected(tasks, args)
     options = Options(tasks=tasks, endpoint=args.endpoint, generation=args.generation, model_dir=args.model_dir,
                       threads=args.threads, gpu_layers=args.gpu_layers, shared_questions=args.shared_questions,
                       repeated_state=args.repeated_state, out=args.out,

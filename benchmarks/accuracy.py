@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import Outcome, accuracy, brier, ece
-from .tasks import DEFAULT_TASKS, TIERS, Task, first_per_tier, load, with_short_states
+from .tasks import DEFAULT_TASKS, TIERS, Task, add_selection_options, load, selected
 
 ORDER_SEED = 20261201
 
@@ -241,10 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS])
     parser.add_argument("--model-dir", help="GGUF folder (default: the embedded SmolLM2 model)")
-    parser.add_argument("--per-tier", type=int, default=0, metavar="N", help="only the first N tasks of each tier")
-    parser.add_argument("--max-state-chars", type=int, default=0, metavar="N",
-                        help="only tasks whose state is at most N characters (as JSON when not a string): on a "
-                             "slow machine, long states cost most of the run")
+    add_selection_options(parser)
     parser.add_argument("--order-tiers", nargs="+", choices=TIERS, default=list(TIERS),
                         help="tiers whose choice and score tasks the order section scores")
     parser.add_argument("--styles", nargs="+", choices=list(STYLES), default=[DEFAULT_STYLE],
@@ -260,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     from decision_adapter.startup import load_decision_model
 
     tasks = load(args.tasks)
-    if args.max_state_chars:
-        tasks = with_short_states(tasks, args.max_state_chars)
-    if args.per_tier:
-        tasks = first_per_tier(tasks, args.per_tier)
+    tasks = selected(tasks, args)
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = args.model_dir or str(embedded_model_dir())
     base = replace(Settings.from_env(), model_dir=model_dir, threads=args.threads)

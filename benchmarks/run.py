@@ -188,15 +188,14 @@ def _shared_state(tasks: list[Task], ours: JsonEndpoint, floor, n: int) -> dict[
     if len(questions) < 2:
         return None
     together_s, apart_s = [], []
-    fresh = _FRESH_CASES
     for _ in range(SHARED_STATE_REPEATS):
-        body = {"model": "jev-latest", "state": _unseen(state_task.state, next(fresh)),
+        body = {"model": "jev-latest", "state": _unseen(state_task.state, next(_FRESH_CASES)),
                 "questions": {f"q{i}": q for i, q in enumerate(questions)}}
         _, elapsed = ours.call(body)
         together_s.append(elapsed)
         total = 0.0
         for q in questions:
-            _, elapsed = ours.call({"model": "jev-latest", "state": _unseen(state_task.state, next(fresh)),
+            _, elapsed = ours.call({"model": "jev-latest", "state": _unseen(state_task.state, next(_FRESH_CASES)),
                                     "questions": {"q": q}})
             total += elapsed
         apart_s.append(total)

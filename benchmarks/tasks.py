@@ -93,3 +93,21 @@ def state_chars(task: Task) -> int:
 def with_short_states(tasks: list[Task], max_chars: int) -> list[Task]:
     """The tasks whose state is at most ``max_chars`` characters: on a slow machine, long states cost most."""
     return [t for t in tasks if state_chars(t) <= max_chars]
+
+
+def add_selection_options(parser: Any) -> None:
+    """The options both harnesses take to run a subset of the tasks (see ``selected``)."""
+    parser.add_argument("--per-tier", type=int, default=0, metavar="N",
+                        help="only the first N tasks of each tier (default: all)")
+    parser.add_argument("--max-state-chars", type=int, default=0, metavar="N",
+                        help="only tasks whose state is at most N characters (as JSON when not a string): on a "
+                             "slow machine, long states cost most of the run (default: all)")
+
+
+def selected(tasks: list[Task], options: Any) -> list[Task]:
+    """The tasks ``add_selection_options``'s options keep: short states first, then the first N per tier."""
+    if options.max_state_chars:
+        tasks = with_short_states(tasks, options.max_state_chars)
+    if options.per_tier:
+        tasks = first_per_tier(tasks, options.per_tier)
+    return tasks
