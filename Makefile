@@ -69,7 +69,7 @@ fuzz: $(VENV)/.dev
 
 # The OpenAPI document is generated from the models; a test fails while docs/openapi.json is stale.
 openapi: $(VENV)/.runtime
-	$(PY) -m decision_adapter.openapi > docs/openapi.json
+	$(PY) -m decision_adapter.protocols.openapi > docs/openapi.json
 
 # Builds the CPU image for real (podman, local Debian base) and serves the example decision from it.
 image-test: $(VENV)/.dev

@@ -2,7 +2,7 @@
 
 For a model folder and a task set (default: the public JevBench tasks):
 
-1. **Prompt styles** (``--styles``): every task scored with each style of ``decision_adapter.prompt.STYLES``,
+1. **Prompt styles** (``--styles``): every task scored with each style of ``decision_adapter.decisions.prompt.STYLES``,
    accuracy per tier and per family, the share of ``noul`` answers that say *true*, and how often score
    answers land on an extreme level.
 2. **Order** (``--orders``): for the first style, every choice and score task scored with its options as given
@@ -72,17 +72,20 @@ def answer_key(task: Task, distribution: tuple[float, ...]) -> str:
 
 
 def score_tasks(model, tasks: list[Task], permutations: int = 1) -> list[Scored]:
-    from decision_adapter import systemone
+    from decision_adapter.engine.readout import softmax
     from decision_adapter.errors import InputError
-    from decision_adapter.readout import softmax
+    from decision_adapter.protocols import systemone
+    from decision_adapter.protocols.fields import RequestContext
+
+    context = RequestContext.of(model, max_decisions=1)
 
     out = []
     for task in tasks:
         body = {"model": systemone.ALIAS, "state": task.state, "questions": {"q": task.question}}
         started = time.perf_counter()
         try:
-            _, _, [item] = systemone.parse(body, model.served_id, max_questions=1)
-            [result], _ = model.score(model.prepare([replace(item.question, permutations=permutations)]))
+            _, _, [item] = systemone.parse(body, context)
+            [result] = model.score(model.prepare([replace(item.question, permutations=permutations)])).results
         except InputError:
             continue  # a refused task counts as wrong in accuracy(); it has no logits to calibrate
         seconds = time.perf_counter() - started
@@ -150,44 +153,21 @@ def order_section(model, tasks: list[Task], orders: list[int]) -> dict[str, Any]
 
 
 def calibration_section(scored: list[Scored], out: Path, folds: int = 5) -> dict[str, Any]:
-    from decision_adapter.calibration import Row, fit, out_of_fold
+    from decision_adapter.decisions.calibration import Row, fit, out_of_fold
 
     rows = [Row(s.task.kind, s.logits, s.task.labels.index(s.task.expected), s.task.group or s.task.id)
             for s in scored]
     calibrated = out_of_fold(rows, folds)
     before = [s.outcome() for s in scored]
     after = [s.outcome(tuple(p)) for s, p in zip(scored, calibrated)]
+    from .report import reliability_plot
+
     for name, outcomes in (("before", before), ("after", after)):
-        _reliability(outcomes, out / f"reliability-{name}-calibration.png", name)
+        reliability_plot(outcomes, out / f"reliability-{name}-calibration.png",
+                         f"Reliability {name} calibration, ECE {ece(outcomes):.3f}", "bins")
     return {"folds": folds, "temperatures_all_rows": fit(rows),
             "before": {"ece_10": ece(before), "brier": brier(before), "accuracy": accuracy(before)},
             "after_out_of_fold": {"ece_10": ece(after), "brier": brier(after), "accuracy": accuracy(after)}}
-
-
-def _reliability(outcomes: list[Outcome], path: Path, name: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .metrics import reliability
-
-    xs, ys, ns = [], [], []
-    for _, _, members in reliability(outcomes, 10):
-        if members:
-            xs.append(statistics.fmean(max(o.distribution) for o in members))
-            ys.append(statistics.fmean(o.correct for o in members))
-            ns.append(len(members))
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
-    ax.scatter(xs, ys, s=[20 + 4 * n for n in ns], label="bins (size: tasks)")
-    ax.plot(xs, ys)
-    ax.set(xlabel="top probability (bin mean)", ylabel="accuracy in bin", xlim=(0, 1), ylim=(0, 1),
-           title=f"Reliability {name} calibration, ECE {ece(outcomes):.3f}")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -235,7 +215,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from decision_adapter.prompt import DEFAULT_STYLE, STYLES
+    from decision_adapter.decisions.prompt import DEFAULT_STYLE, STYLES
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = parser.parse_args(argv)
 
-    from decision_adapter.local import embedded_model_dir
+    from decision_adapter.decisions.model_files import embedded_model_dir
     from decision_adapter.settings import Settings
     from decision_adapter.startup import load_decision_model
 
@@ -276,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                     result["orders"] = order_section(model, [t for t in tasks if t.tier in args.order_tiers],
                                                      args.orders)
         finally:
-            model.engine.close()
+            model.close()
     if args.calibration and first_scored:
         result["calibration"] = calibration_section(first_scored, args.out)
     result["command"] = "python -m benchmarks.accuracy " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -64,7 +64,7 @@ def measure(call: Callable[[Task], Any], tasks: list[Task], clients: int) -> dic
 def run(tasks: list[Task], model_dir: str, threads: int, gpu_layers: int, levels: tuple[int, ...],
         out: Path, generation_baseline: bool = True) -> dict[str, Any]:
     from .servers import adapter, llama_server
-    from decision_adapter.model_files import find_gguf
+    from decision_adapter.decisions.model_files import find_gguf
 
     result: dict[str, Any] = {"tasks": len(tasks), "threads": threads, "gpu_layers": gpu_layers, "levels": {}}
     with adapter(model_dir, threads, gpu_layers, out / "adapter-concurrency.log") as base:
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = parser.parse_args(argv)
 
-    from decision_adapter.local import embedded_model_dir
+    from decision_adapter.decisions.model_files import embedded_model_dir
 
     tasks = sorted(load(args.tasks), key=lambda t: len(json.dumps(t.state)) + len(json.dumps(t.question)))
     tasks = tasks[:args.count]

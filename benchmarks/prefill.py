@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write prefill.json and prefill.md here")
     args = parser.parse_args(argv)
 
-    from decision_adapter.local import embedded_model_dir
+    from decision_adapter.decisions.model_files import embedded_model_dir
     from decision_adapter.settings import Settings
     from decision_adapter.startup import load_decision_model
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{attention:5s} micro-batch {size:4d}: {times[0][1]:5d} tokens in "
                           f"{rows[-1]['median_s']:.2f} s", flush=True)
             finally:
-                model.engine.close()
+                model.close()
 
     command = "python -m benchmarks.prefill " + " ".join(argv if argv is not None else sys.argv[1:])
     table = markdown(rows, args, command.strip())

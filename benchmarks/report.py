@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .metrics import reliability  # noqa: E402
+from .metrics import Outcome, reliability  # noqa: E402
 from .run import as_json  # noqa: E402
 
 
@@ -102,21 +103,24 @@ def markdown(data: dict[str, Any]) -> str:
 
 def _reliability_plot(result: dict[str, Any], path: Path) -> None:
     outcomes = [o for o in result["_outcomes"]["ours"] if o.distribution is not None]
+    reliability_plot(outcomes, path, f"Reliability, ECE {result['decision']['overall']['ece_10']:.3f}",
+                     "decision endpoint")
+
+
+def reliability_plot(outcomes: list[Outcome], path: Path, title: str, label: str) -> None:
+    """Accuracy against the top probability in ten bins (marker size: tasks in the bin), with the diagonal of
+    perfect calibration; for the harness's decision endpoint and for benchmarks.accuracy's calibration."""
     fig, ax = plt.subplots(figsize=(5, 5))
     xs, ys, ns = [], [], []
-    for lo, hi, members in reliability(outcomes, 10):
+    for _, _, members in reliability(outcomes, 10):
         if members:
-            xs.append(sum(max(o.distribution) for o in members) / len(members))
-            ys.append(sum(o.correct for o in members) / len(members))
+            xs.append(statistics.fmean(max(o.distribution) for o in members))
+            ys.append(statistics.fmean(o.correct for o in members))
             ns.append(len(members))
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect calibration")
-    ax.scatter(xs, ys, s=[20 + 4 * n for n in ns], label="decision endpoint (size: tasks)")
+    ax.scatter(xs, ys, s=[20 + 4 * n for n in ns], label=f"{label} (size: tasks)")
     ax.plot(xs, ys)
-    ax.set_xlabel("top probability (bin mean)")
-    ax.set_ylabel("accuracy in bin")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_title(f"Reliability, ECE {result['decision']['overall']['ece_10']:.3f}")
+    ax.set(xlabel="top probability (bin mean)", ylabel="accuracy in bin", xlim=(0, 1), ylim=(0, 1), title=title)
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -65,7 +65,7 @@ def run(options: Options) -> dict[str, Any]:
             if options.shared_questions > 1 else None
         repeated = _repeated_state(options.tasks, ours, chat) if options.repeated_state else None
         if floor is not None:
-            floor.engine.close()
+            floor.close()
     return _summarise(options, rows, shared, repeated, ours, chat)
 
 
@@ -84,7 +84,7 @@ def _generation_endpoint(options: Options, stack: contextlib.ExitStack) -> JsonE
         return None
     if options.generation != "auto":
         return endpoint(options.generation, region=options.region)
-    from decision_adapter.model_files import find_gguf
+    from decision_adapter.decisions.model_files import find_gguf
 
     from .servers import llama_server
 
@@ -97,7 +97,7 @@ def _generation_endpoint(options: Options, stack: contextlib.ExitStack) -> JsonE
 def _model_dir(options: Options) -> str:
     if options.model_dir:
         return options.model_dir
-    from decision_adapter.local import embedded_model_dir
+    from decision_adapter.decisions.model_files import embedded_model_dir
 
     return str(embedded_model_dir())
 
@@ -163,12 +163,13 @@ def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) 
 
 
 def _prepare(model, questions: list[dict[str, Any]], state: Any):
-    from decision_adapter import systemone
     from decision_adapter.errors import InputError
+    from decision_adapter.protocols import systemone
+    from decision_adapter.protocols.fields import RequestContext
 
     body = {"model": "jev-latest", "state": state, "questions": {f"q{i}": q for i, q in enumerate(questions)}}
     try:
-        _, _, items = systemone.parse(body, model.served_id, max_questions=len(questions))
+        _, _, items = systemone.parse(body, RequestContext.of(model, max_decisions=len(questions)))
         return model.prepare([item.question for item in items])
     except InputError:
         return None
@@ -262,7 +263,7 @@ def _unseen(state: Any, case: int) -> Any:
 
 
 def _state_tokens(prepared) -> int:
-    from decision_adapter.readout import common_prefix
+    from decision_adapter.engine.readout import common_prefix
 
     return common_prefix(prepared.tokens)
 

@@ -55,7 +55,7 @@ def adapter(model_dir: str, threads: int, gpu_layers: int, log: Path) -> context
     env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
            "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": str(threads), "ADAPTER_GPU_LAYERS": str(gpu_layers),
            "ADAPTER_LOG_LEVEL": "warning"}
-    return _serving("the decision adapter", [sys.executable, "-m", "decision_adapter.serve"], port, "/ping", log, env)
+    return _serving("the decision adapter", [sys.executable, "-m", "decision_adapter.server.serve"], port, "/ping", log, env)
 
 
 def llama_server_binary() -> str:

@@ -85,7 +85,7 @@ if "${PODMAN[@]}" run --rm "${ULIMITS[@]}" --entrypoint sh "$IMAGE" -c 'find / -
 fi
 
 say "model: package the embedded GGUF with model_build, as CodeBuild would"
-GGUF_DIR=$("$PY" -c 'from decision_adapter.local import embedded_model_dir; print(embedded_model_dir())')
+GGUF_DIR=$("$PY" -c 'from decision_adapter.decisions.model_files import embedded_model_dir; print(embedded_model_dir())')
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 HTTP_PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$PY" -m http.server --bind 127.0.0.1 --directory "$GGUF_DIR" "$HTTP_PORT" >/dev/null 2>&1 &

@@ -1,6 +1,6 @@
 """`calibration.json`: the per-question-type temperatures a pin may ship beside its GGUF.
 
-The adapter (container/decision_adapter/calibration.py) reads `calibration.json` from the model folder and
+The adapter (container/decision_adapter/decisions/calibration.py) reads `calibration.json` from the model folder and
 refuses to turn ready when the file is unreadable or names another GGUF sha256 or prompt version. This module
 owns the pin's side of that: it reads the file a pin names and checks the keys the adapter relies on, at
 pin-load time, so that a file the adapter would refuse for this GGUF never reaches an archive. The prompt

@@ -1,0 +1,20 @@
+"""The decision adapter: a GGUF model served as a decision model (option probabilities from logits).
+
+Four layers, each a sub-package whose docstring says what it owns and what it may import; a test
+(tests/adapter/test_adapter_import_rules.py) reads the ``may import`` and ``never imports`` lines below and in
+each layer's docstring and fails on any import that breaks them, or on any import circle:
+
+- ``engine/``: llama.cpp and tokens (the only code that imports ``llama_cpp``);
+- ``decisions/``: text to tokens to probabilities (prompt, labels, calibration, model files, the decision model);
+- ``protocols/``: the wire formats (request and response models, answers, dispatch, the OpenAPI document);
+- ``server/``: HTTP (the only code that imports flask, werkzeug or gunicorn).
+
+At the top stay what spans the layers: ``settings`` (every knob, read once from the environment),
+``startup`` (the composition root: engine, scheduler and decision model built and probed), ``errors`` (the
+errors that reach clients), ``calibrate`` (the command that fits calibration.json), ``metric_logs`` (the log
+lines CloudWatch metrics read) and ``local`` (``python -m decision_adapter.local``, kept for ``make run``).
+
+Rules for the modules at the top:
+may import from the package: engine, decisions, protocols, server
+never imports: flask, werkzeug, gunicorn, llama_cpp
+"""

@@ -18,9 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import systemone
-from .calibration import FILE_NAME, Calibration, Row, fit, nll, out_of_fold
+from .decisions.calibration import FILE_NAME, Calibration, Row, fit, nll, out_of_fold
 from .errors import InputError
+from .protocols import systemone
+from .protocols.fields import RequestContext
 from .settings import Settings, SettingsError
 
 
@@ -38,9 +39,9 @@ def read_rows(paths: list[Path]) -> Iterator[dict[str, Any]]:
 def score_row(model, row: dict[str, Any], permutations: int) -> Row:
     """The model's raw option logits for one row, in the order of its ``labels``."""
     body = {"model": systemone.ALIAS, "state": row["state"], "questions": {"q": row["question"]}}
-    _, _, [item] = systemone.parse(body, model.served_id, max_questions=1)
+    _, _, [item] = systemone.parse(body, RequestContext.of(model, max_decisions=1))
     question = replace(item.question, permutations=permutations)
-    [scored], _ = model.score(model.prepare([question]))
+    [scored] = model.score(model.prepare([question])).results
     names = {"true": "yes", "false": "no"} if item.type == "noul" else {}
     by_label = {names.get(name, name): logit for name, logit in zip(item.names, scored.option_logits)}
     labels = [str(label) for label in row["labels"]]
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(score_row(model, row, permutations))
         except (InputError, KeyError, ValueError) as exc:
             skipped.append(f"{row.get('id')}: {exc}")
-    model.engine.close()
+    model.close()
     if len(rows) < 2 * args.folds:
         print(f"calibrate: {len(rows)} usable rows are too few for {args.folds} folds", file=sys.stderr)
         return 1

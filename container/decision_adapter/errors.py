@@ -1,8 +1,13 @@
-"""Errors that reach clients: one HTTP error type, and the input error each protocol renders its way."""
+"""Errors that reach clients: one HTTP error type, the input error, and a failure as every protocol renders it.
+
+The server classifies any exception into a ``Failure`` (``server.errors.classify``); each protocol turns a
+``Failure`` into its own body (``protocols.dispatch.Protocol.render``).
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
 
 Loc = tuple[str | int, ...]
 
@@ -42,3 +47,17 @@ def dotted(loc: Sequence[str | int]) -> str:
 def busy(retry_after_s: int) -> ApiError:
     return ApiError(503, "model is busy; retry the request", headers={"Retry-After": str(retry_after_s)},
                     retryable=True)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An error as a client gets it: status, message and headers; ``kind`` says whether the request's input was
+    wrong (``input``: the protocol may detail ``cause``), the server refused it (``refused``: busy, limits,
+    routing, auth) or failed (``internal``); ``retryable`` marks a transient refusal."""
+
+    status: int
+    message: str
+    kind: Literal["input", "refused", "internal"]
+    headers: dict[str, str] = field(default_factory=dict)
+    retryable: bool = False
+    cause: Exception | None = None

@@ -19,7 +19,7 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from .prompt import DEFAULT_STYLE, STYLES
+from .decisions.prompt import DEFAULT_STYLE, STYLES
 
 MIB = 1024 * 1024
 # Cells a prompt's label paths may need beyond the prompt itself: 26 first letters of two-token labels.

@@ -1,4 +1,5 @@
-"""Start-up: find and verify the model, load the engine, score a probe; and the readiness it reaches.
+"""Start-up, the composition root: find and verify the model, load the engine, start its scheduler, build the
+decision model and score a probe through it; and the readiness it reaches.
 
 ``/ping`` reads ``Readiness`` only; it never loads anything itself.
 """
@@ -11,12 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .calibration import CalibrationError
-from .calibration import load as load_calibration
-from .model_files import ModelFilesError, find_gguf, verify
-from .prompt import STYLES
-from .scheduler import Scheduler
-from .scoring import DecisionModel, Limits, ModelIncompatible
+from .decisions.calibration import CalibrationError
+from .decisions.calibration import load as load_calibration
+from .decisions.model import DecisionModel, Limits, ModelIncompatible, ScoringEngine
+from .decisions.model_files import ModelFilesError, find_gguf, verify
+from .decisions.prompt import STYLES
+from .engine.scheduler import Scheduler
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class Readiness:
 
 
 def engine_options(settings: Settings):
-    from .engine import EngineOptions  # llama.cpp is loaded only where a real engine is made
+    from .engine.core import EngineOptions  # llama.cpp is loaded only where a real engine is made
 
     return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
                          batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
@@ -55,9 +56,11 @@ def engine_options(settings: Settings):
                          state_cache_bytes=settings.state_cache_mb << 20)
 
 
-def load_decision_model(settings: Settings, engine: Any = None, *, calibrated: bool = True) -> DecisionModel:
+def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *,
+                        calibrated: bool = True) -> DecisionModel:
     """Verify the GGUF against its manifest (and a calibration.json against both), load it (unless an engine is
-    given) and score the probe; ``calibrated=False`` ignores a calibration file (to fit a new one)."""
+    given), start its scheduler and score the probe; ``calibrated=False`` ignores a calibration file (to fit a
+    new one). ``DecisionModel.close()`` stops the scheduler and frees the engine."""
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
@@ -65,19 +68,22 @@ def load_decision_model(settings: Settings, engine: Any = None, *, calibrated: b
     calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256,
                                    prompt_version=style.version) if calibrated else None
     if engine is None:
-        from .engine import Engine
+        from .engine.core import Engine
 
         engine = Engine(str(gguf), engine_options(settings))
     runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
                "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
                "kv_cache_type": settings.kv_cache_type, "prompt_version": style.version}
-    model = DecisionModel(engine, identity,
-                          Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
-                          served_id=settings.model_id.strip(), style=style)
-    model.probe()
-    model.calibration = calibration
-    model.default_permutations = settings.permutations
-    model.scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
+    scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
+    try:
+        model = DecisionModel(engine, scheduler, identity,
+                              Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
+                              served_id=settings.model_id.strip(), style=style, calibration=calibration,
+                              default_permutations=settings.permutations)
+        model.probe()
+    except BaseException:
+        scheduler.stop()
+        raise
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
                                               "manifest": identity.manifest,
                                               "calibration": dict(calibration.temperatures) if calibration else None,

@@ -1,4 +1,7 @@
-"""A fake engine for unit tests of the layers above llama.cpp: byte-level tokens, scripted scores."""
+"""A fake engine for unit tests of the layers above llama.cpp: byte-level tokens, scripted scores.
+
+It is typed against what its users need of an engine: the decision model's ``ScoringEngine`` and the scheduler's
+``JobRunner`` (a test checks both), so that a change to either protocol shows here."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from decision_adapter.plan import JobSpec, Limits, plan_job
-from decision_adapter.readout import LabelTrie, NodeRead, ScoreStats, common_prefix, prompt_score
+from decision_adapter.engine.plan import JobSpec, Limits, Plan, plan_job
+from decision_adapter.engine.readout import NodeRead, PromptScore, ScoreStats, common_prefix, prompt_score
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -66,22 +69,26 @@ class FakeEngine:
 
     lock = threading.Lock()
 
-    def begin(self, spec: JobSpec) -> "FakeJob":
+    def begin(self, spec: JobSpec, plan: Plan | None = None) -> "FakeJob":
         return FakeJob(spec, sum(len(p) for p in spec.prompts))
 
     def step(self, job: "FakeJob") -> bool:
-        job.result = self.score(job.spec.prompts, job.spec.tries)
+        job.result = self._score(job.spec)
         return False
 
     def abandon(self, job: "FakeJob") -> None:
         job.result = None
 
-    def finish(self, job: "FakeJob"):
+    def finish(self, job: "FakeJob") -> tuple[list[PromptScore], ScoreStats]:
         return job.result
 
-    def score(self, prompts, tries: Sequence[LabelTrie], *, state: tuple[int, int] | None = None):
+    def close(self) -> None:
+        self.closed = True
+
+    def _score(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats]:
+        prompts, tries = spec.prompts, spec.tries
         self.calls += 1
-        self.state = state
+        self.state_end = spec.state_end
         self.scoring.set()
         if self.on_score is not None:
             self.on_score()

@@ -27,7 +27,7 @@ def live_server(model_dir: str, **env: str) -> Iterator[tuple[str, subprocess.Po
     environ = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
                "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": "2", **env}
     output = tempfile.TemporaryFile(mode="w+")
-    process = subprocess.Popen([sys.executable, "-m", "decision_adapter.serve"], env=environ,
+    process = subprocess.Popen([sys.executable, "-m", "decision_adapter.server.serve"], env=environ,
                                stdout=output, stderr=subprocess.STDOUT, text=True)
     process.read_log = lambda: (output.seek(0), output.read())[1]
     base = f"http://127.0.0.1:{port}"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from decision_adapter.app import create_app
-from decision_adapter.engine import Engine
-from decision_adapter.local import embedded_model_dir
-from decision_adapter.model_files import find_gguf
+from decision_adapter.server.app import create_app
+from decision_adapter.engine.core import Engine
+from decision_adapter.decisions.model_files import embedded_model_dir
+from decision_adapter.decisions.model_files import find_gguf
 from decision_adapter.settings import Settings
 from decision_adapter.startup import engine_options
 
@@ -52,18 +52,18 @@ def client(app):
 @pytest.fixture
 def fresh_model(settings: Settings):
     """Scores one walkthrough-schema decision as a server started for it alone would: a new engine each time."""
-    from decision_adapter import decision_schema
-    from decision_adapter.fields import RequestContext
+    from decision_adapter.protocols import decision_schema
+    from decision_adapter.protocols.fields import RequestContext
     from decision_adapter.startup import load_decision_model
 
     def score(decision: dict):
         model = load_decision_model(dataclasses.replace(settings, state_cache_mb=0))
         try:
-            [parsed], _ = decision_schema.parse({"decision": decision}, RequestContext(model=model))
-            [result], _ = model.score(model.prepare([parsed.question]))
+            [parsed], _ = decision_schema.parse({"decision": decision}, RequestContext.of(model, max_decisions=1))
+            [result] = model.score(model.prepare([parsed.question])).results
             return result
         finally:
-            model.engine.close()
+            model.close()
 
     return score
 

@@ -7,7 +7,7 @@ import json
 import threading
 
 from adapter_fakes import FakeEngine, fake_model_dir
-from decision_adapter.app import create_app
+from decision_adapter.server.app import create_app
 
 BUSY = {"error": "model is busy; retry the request", "retryable": True}
 

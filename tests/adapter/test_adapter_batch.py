@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from adapter_fakes import FakeEngine, fake_model_dir
-from decision_adapter.app import create_app
+from decision_adapter.server.app import create_app
 from decision_adapter.settings import MIB, Settings
 
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 
 import pytest
 
-from decision_adapter.app import create_app
-from decision_adapter.calibration import (FILE_NAME, Calibration, CalibrationError, Row, fit, fit_temperature,
+from decision_adapter.server.app import create_app
+from decision_adapter.decisions.calibration import (FILE_NAME, Calibration, CalibrationError, Row, fit, fit_temperature,
                                           group_folds, load, nll, out_of_fold)
-from decision_adapter.model_files import find_gguf, sha256_of
-from decision_adapter.prompt import PROMPT_VERSION
-from decision_adapter.readout import softmax
+from decision_adapter.decisions.model_files import find_gguf, sha256_of
+from decision_adapter.decisions.prompt import PROMPT_VERSION
+from decision_adapter.engine.readout import softmax
 
 
 def synthetic(temperature: float, n: int, seed: int, kind: str = "choice") -> list[Row]:

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from adapter_server import live_server
-from decision_adapter.app import create_app
+from decision_adapter.server.app import create_app
 
 TICKETS = [
     "Charged twice for invoice 4471; the refund promised last week has not arrived.",

@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from decision_adapter.app import create_app
-from decision_adapter.engine import Engine
-from decision_adapter.labels import labels_for
-from decision_adapter.model_files import find_gguf
+from decision_adapter.server.app import create_app
+from decision_adapter.engine.core import Engine
+from decision_adapter.decisions.labels import labels_for
+from decision_adapter.decisions.model_files import find_gguf
 from decision_adapter.startup import engine_options
 
 STATE = ("Order 4471 was placed on 3 May by a returning customer in Lyon. The parcel left the warehouse on "

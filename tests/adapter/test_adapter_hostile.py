@@ -9,7 +9,7 @@ import json
 import pytest
 import zstandard
 
-from decision_adapter.app import create_app
+from decision_adapter.server.app import create_app
 from fuzz import strict_json_problem
 
 S = "\ud800"  # a lone surrogate; json.dumps writes it as the escape \ud800

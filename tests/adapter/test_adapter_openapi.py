@@ -7,9 +7,9 @@ from pathlib import Path
 
 import schemathesis
 
-from decision_adapter import decision_schema as ds
-from decision_adapter import openapi
-from decision_adapter import systemone as s1
+from decision_adapter.protocols import decision_schema as ds
+from decision_adapter.protocols import openapi
+from decision_adapter.protocols import systemone as s1
 
 DOCUMENT = Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from decision_adapter.cache import PrefixCache, tokens_key
-from decision_adapter.plan import (FIRST_PATH_SEQ, HEAD_BLOB, PROMPT_SEQ, STATE_SEQ, Chunk, Decode, Fork, JobSpec,
+from decision_adapter.engine.cache import PrefixCache, tokens_key
+from decision_adapter.engine.plan import (FIRST_PATH_SEQ, HEAD_BLOB, PROMPT_SEQ, STATE_SEQ, Chunk, Decode, Fork, JobSpec,
                                    Limits, PlanError, Release, Restore, Save, plan_job)
-from decision_adapter.readout import LabelTrie
+from decision_adapter.engine.readout import LabelTrie
 
 HEAD = tuple(range(100, 110))  # 10 tokens of template head
 STATE = tuple(range(200, 1200))  # 1,000 tokens of state

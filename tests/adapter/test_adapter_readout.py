@@ -17,8 +17,8 @@ import llama_cpp as llama
 import numpy as np
 import pytest
 
-from decision_adapter.labels import labels_for
-from decision_adapter.model_files import find_gguf
+from decision_adapter.decisions.labels import labels_for
+from decision_adapter.decisions.model_files import find_gguf
 
 STATE = "A customer of a cloud service writes in to ask which of the teams should handle the request."
 
@@ -125,7 +125,7 @@ def test_chain_rule_readout_equals_each_label_scored_on_its_own(client, app, ind
 def test_a_model_without_preference_does_not_favour_uneven_label_branches():
     """The chain rule with per-node normalisation gave C0 = 1.43 x A0 at 27 options for a model with no
     preference; with full-vocabulary steps, equal logits give equal probabilities."""
-    from decision_adapter.readout import LabelTrie, NodeRead, softmax
+    from decision_adapter.engine.readout import LabelTrie, NodeRead, softmax
 
     trie = LabelTrie.build([(a, d) for a in (1, 2, 3) for d in range(10, 20)][:27])  # C has 7 children, A and B 10
     reads = {node: NodeRead((0.0,) * len(kids), math.log(50_000), 0) for node, kids in trie.children.items()}

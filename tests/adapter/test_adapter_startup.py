@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -14,9 +13,9 @@ import sys
 import pytest
 
 from adapter_fakes import FakeEngine, fake_model_dir
-from decision_adapter.app import create_app
-from decision_adapter.engine import Engine, EngineOptions, GpuUnavailable, gpu_backend_available
-from decision_adapter.model_files import find_gguf
+from decision_adapter.server.app import create_app
+from decision_adapter.engine.core import Engine, EngineOptions, GpuUnavailable, gpu_backend_available
+from decision_adapter.decisions.model_files import find_gguf
 
 NOT_READY = "model is not ready"
 
@@ -150,6 +149,13 @@ def test_each_request_logs_one_structured_line(client, example, caplog):
         assert fields[key] >= 0
 
 
+def test_the_real_engine_is_what_the_decision_model_and_the_scheduler_need(engine):
+    from decision_adapter.decisions.model import ScoringEngine
+    from decision_adapter.engine.scheduler import JobRunner
+
+    assert isinstance(engine, ScoringEngine) and isinstance(engine, JobRunner)
+
+
 def test_control_tokens_are_read_from_the_gguf(engine):
     assert {"<|im_start|>", "<|im_end|>", "<|endoftext|>"} <= set(engine.control_texts)
     assert "A" not in engine.control_texts
@@ -162,7 +168,7 @@ def test_gpu_layers_without_a_gpu_backend_refuse_to_start(settings):
 
     env = {**os.environ, "ADAPTER_MODEL_DIR": settings.model_dir, "ADAPTER_GPU_LAYERS": "-1",
            "SAGEMAKER_BIND_TO_PORT": "1"}
-    done = subprocess.run([sys.executable, "-m", "decision_adapter.serve"], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "decision_adapter.server.serve"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2
     assert "serve: refusing to start: ADAPTER_GPU_LAYERS=-1 asks for GPU offload" in done.stderr
@@ -172,6 +178,6 @@ def test_serve_refuses_bad_settings_and_missing_models(tmp_path):
     base = {**os.environ, "ADAPTER_MODEL_DIR": str(tmp_path)}
     for env, message in [({"ADAPTER_THREADS": "many"}, "ADAPTER_THREADS='many' is not an integer"),
                          ({}, "must hold exactly one .gguf file (found: none)")]:
-        done = subprocess.run([sys.executable, "-m", "decision_adapter.serve"], env={**base, **env},
+        done = subprocess.run([sys.executable, "-m", "decision_adapter.server.serve"], env={**base, **env},
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr

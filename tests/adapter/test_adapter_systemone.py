@@ -10,8 +10,8 @@ import math
 import pytest
 import zstandard
 
-from decision_adapter.app import create_app
-from decision_adapter.systemone import choice_confidence, score_confidence
+from decision_adapter.server.app import create_app
+from decision_adapter.protocols.systemone import choice_confidence, score_confidence
 
 TICKET = ("Hi, I was charged twice for my March invoice (order #4471) and the refund I was promised last week "
           "still hasn't arrived. Please fix this today or I will dispute the charge with my bank.")

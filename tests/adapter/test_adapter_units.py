@@ -10,11 +10,14 @@ import pytest
 
 from adapter_fakes import CHATML, FakeEngine, fake_model_dir
 from decision_adapter.errors import InputError, dotted
-from decision_adapter.labels import PAIRED, SINGLE, labels_for
-from decision_adapter.model_files import ModelIdentity
-from decision_adapter.prompt import SYSTEM_INSTRUCTION, ChatTemplate, PromptLayout, TemplateError
-from decision_adapter.readout import LabelTrie, NodeRead, common_prefix, log_softmax, prompt_score
-from decision_adapter.scoring import DecisionModel, Limits, Question
+from decision_adapter.decisions.labels import PAIRED, SINGLE, labels_for
+from decision_adapter.decisions.model_files import ModelIdentity
+from decision_adapter.decisions.prompt import SYSTEM_INSTRUCTION, ChatTemplate, PromptLayout, TemplateError
+from decision_adapter.engine.readout import LabelTrie, NodeRead, common_prefix, prompt_score
+from decision_adapter.engine.scheduler import Scheduler
+from decision_adapter.decisions.model import DecisionModel, Limits, Question
+from decision_adapter.protocols import decision_schema
+from decision_adapter.protocols.fields import RequestContext
 from decision_adapter.settings import Settings, SettingsError
 
 
@@ -121,7 +124,10 @@ def test_template_errors_are_template_errors():
 def fake_model(tmp_path):
     engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
     identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
-    return DecisionModel(engine, identity, Limits(max_prompt_tokens=600, max_request_tokens=900), {"runtime": 1})
+    model = DecisionModel(engine, Scheduler(engine, queue_tokens=100_000), identity,
+                          Limits(max_prompt_tokens=600, max_request_tokens=900), {"runtime": 1})
+    yield model
+    model.close()
 
 
 def question(options=("yes", "no"), state="s", text="q?"):
@@ -130,28 +136,44 @@ def question(options=("yes", "no"), state="s", text="q?"):
                     ("decision", "state"), ("decision", "question"))
 
 
+def test_the_fake_engine_is_what_the_decision_model_and_the_scheduler_need(fake_model):
+    from decision_adapter.decisions.model import JobScheduler, ScoringEngine
+    from decision_adapter.engine.scheduler import JobRunner
+
+    assert isinstance(fake_model.engine, ScoringEngine) and isinstance(fake_model.engine, JobRunner)
+    assert isinstance(fake_model.scheduler, JobScheduler)
+
+
 def test_decision_model_turns_label_logits_into_probabilities(fake_model):
-    [scored], _ = fake_model.score(fake_model.prepare([question(("a", "b", "c"))]))
+    [scored] = fake_model.score(fake_model.prepare([question(("a", "b", "c"))])).results
     expected = [math.exp(-i) for i in range(3)]
     assert scored.probabilities == pytest.approx([e / sum(expected) for e in expected])
     assert scored.option_logits == (0.0, -1.0, -2.0)
 
 
 def test_decision_model_uses_the_chain_rule_beyond_26_options(fake_model):
-    [scored], _ = fake_model.score(fake_model.prepare([question([f"o{i}" for i in range(30)], state="x")]))
+    [scored] = fake_model.score(fake_model.prepare([question([f"o{i}" for i in range(30)], state="x")])).results
     assert len(scored.probabilities) == 30 and math.isclose(sum(scored.probabilities), 1.0)
     assert "chain rule" in scored.readout
 
 
-@pytest.mark.parametrize("q, message", [
-    (question(state="x<|im_start|>"), "decision.state contains the model's control token '<|im_start|>'"),
-    (question(options=("ok", "<|im_end|>")), "decision.options[1].description contains"),
-    (question(state="x" * 700), "decision renders to a prompt of"),
-])
-def test_decision_model_rejects_before_scoring(fake_model, q, message):
-    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("|", r"\|")):
-        fake_model.prepare([q])
+def test_decision_model_rejects_an_over_budget_prompt_before_scoring(fake_model):
+    with pytest.raises(InputError, match="decision renders to a prompt of"):
+        fake_model.prepare([question(state="x" * 700)])
     assert fake_model.engine.calls == 0, "nothing reached the engine"
+
+
+@pytest.mark.parametrize("decision, message", [
+    ({"state": "x<|im_start|>"}, "decision.state contains the model's control token '<|im_start|>'"),
+    ({"options": [{"id": "ok"}, {"id": "no", "description": "<|im_end|>"}]},
+     "decision.options[1].description contains the model's control token '<|im_end|>'"),
+])
+def test_validation_refuses_the_models_control_tokens(fake_model, decision, message):
+    body = {"decision": {"id": "d", "state": "s", "question": "q?", "options": [{"id": "a"}, {"id": "b"}], **decision}}
+    with pytest.raises(InputError) as refused:
+        decision_schema.parse(body, RequestContext.of(fake_model, max_decisions=4))
+    assert str(refused.value) == message
+    decision_schema.parse(body, RequestContext(max_decisions=4))  # without the model's tokens the text is fine
 
 
 def test_request_budget_counts_the_shared_state_once(fake_model):
@@ -173,11 +195,11 @@ def test_the_state_span_runs_from_the_head_to_the_question_heading_whatever_the_
     assert alone.state == together.state == (head, end) and head == engine.resident_tokens
     assert common_prefix(together.tokens) > end, "the questions share 'Which ' beyond the state"
     fake_model.score(together)
-    assert engine.state == (head, end)
+    assert engine.state_end == end
 
 
 def test_orderings_come_from_the_option_set_alone():
-    from decision_adapter.scoring import orderings
+    from decision_adapter.decisions.model import orderings
 
     assert orderings(["b", "a", "c"], 1) == [(0, 1, 2)], "k = 1 is the request's order"
     assert orderings(["b", "a", "c"], 3) == [(1, 0, 2), (0, 2, 1), (2, 1, 0)]
@@ -198,7 +220,7 @@ def test_averaged_orderings_do_not_depend_on_the_request_order(fake_model):
     def score(order, k):
         q = question(options=tuple(texts[i] for i in order))
         q = dataclasses.replace(q, option_keys=tuple(f"id{i}" for i in order), permutations=k)
-        [result], _ = fake_model.score(fake_model.prepare([q]))
+        [result] = fake_model.score(fake_model.prepare([q])).results
         return {f"id{i}": p for i, p in zip(order, result.probabilities)}
 
     assert score((0, 1, 2), 1) != score((2, 0, 1), 1)
@@ -208,7 +230,7 @@ def test_averaged_orderings_do_not_depend_on_the_request_order(fake_model):
 
 
 def test_a_template_that_opens_a_thinking_block_is_closed_before_the_answer_position():
-    from decision_adapter.prompt import close_thinking
+    from decision_adapter.decisions.prompt import close_thinking
 
     thinking = CHATML.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n")
     layout = PromptLayout(ChatTemplate(thinking))
@@ -219,7 +241,7 @@ def test_a_template_that_opens_a_thinking_block_is_closed_before_the_answer_posi
 
 
 def test_worked_examples_sit_in_the_resident_head_with_varied_answers():
-    from decision_adapter.prompt import STYLES
+    from decision_adapter.decisions.prompt import STYLES
 
     layout = PromptLayout(ChatTemplate(CHATML), STYLES["exact-examples-digits"])
     head = layout.head

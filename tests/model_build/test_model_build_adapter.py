@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from decision_adapter import calibration as adapter_calibration
-from decision_adapter import model_files
-from decision_adapter.app import create_app
-from decision_adapter.calibration import Calibration
-from decision_adapter.prompt import PROMPT_VERSION
+from decision_adapter.decisions import calibration as adapter_calibration
+from decision_adapter.decisions import model_files
+from decision_adapter.server.app import create_app
+from decision_adapter.decisions.calibration import Calibration
+from decision_adapter.decisions.prompt import PROMPT_VERSION
 from decision_adapter.settings import Settings
 from model_build import calibration as build_calibration
 from model_build import manifest as build_manifest
@@ -81,7 +81,7 @@ def test_adapter_loads_the_unpacked_archive_and_scores_a_decision(packaged_model
     assert (model["source"], model["revision"]) == (manifest["source"], manifest["revision"])
     # An archive without calibration.json is served uncalibrated.
     assert "calibration" not in result
-    state.readiness.model.engine.close()
+    state.readiness.model.close()
 
 
 def test_adapter_serves_an_archive_with_a_matching_calibration_calibrated(calibrated_model_dir, embedded_gguf):
@@ -102,7 +102,7 @@ def test_adapter_serves_an_archive_with_a_matching_calibration_calibrated(calibr
         assert result["probabilities"] != pytest.approx(_softmax(logits))
     finally:
         if state.readiness.model is not None:
-            state.readiness.model.engine.close()
+            state.readiness.model.close()
 
 
 def test_adapter_refuses_an_archive_whose_calibration_was_fitted_for_another_gguf(calibrated_model_dir,
@@ -144,7 +144,7 @@ def test_adapter_refuses_an_archive_whose_gguf_does_not_match_its_manifest(packa
 def test_model_build_uses_the_adapters_file_names_and_question_types():
     # model_build cannot import the adapter (it runs without it), so it keeps copies; this keeps them equal.
     assert build_calibration.ARCHIVE_NAME == adapter_calibration.FILE_NAME
-    assert build_calibration.QUESTION_TYPES == adapter_calibration.TYPES
+    assert build_calibration.QUESTION_TYPES == adapter_calibration.QUESTION_TYPES
     assert build_manifest.MANIFEST_NAME == model_files.MANIFEST_NAME
 
 

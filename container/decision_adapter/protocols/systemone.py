@@ -1,4 +1,5 @@
-"""TypeSafe's System One wire format (``POST /v1/systemone``): request models, questions as decisions, answers.
+"""TypeSafe's System One wire format (``POST /v1/systemone``): request models, questions as decisions, answers,
+error bodies.
 
 Each question becomes one decision over the request's state, so all questions share the state's prompt
 prefix; question ids are never shown to the model. ``noul`` is a two-option decision (yes first),
@@ -11,21 +12,22 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from .errors import InputError, Loc
+from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS, QUESTION_TYPES
+from ..decisions.model import Question, Scored
+from ..decisions.prompt import state_text
+from ..errors import Failure, InputError, Loc
+from .call import Answer, Call
 from .fields import RequestContext, Structured, check_json, printable, string_problem
-from .labels import MAX_OPTIONS, MAX_PERMUTATIONS
-from .prompt import state_text
-from .scoring import Question, Scored
 
 ALIAS = "jev-latest"
 MAX_SCORE_LEVELS = 10
-TYPES = ("noul", "choice", "score")
 DEFAULT_INSTRUCTIONS = {
     "noul": "Is the following true for the state?",
     "choice": "Which option fits the state best?",
@@ -193,11 +195,11 @@ def parse_items(body: Any, context: RequestContext) -> list[Item]:
     return [_item(qid, q, text, request.x_permutations) for qid, q in request.questions.items()]
 
 
-def parse(body: Any, served: str, max_questions: int) -> tuple[str, str, list[Item]]:
+def parse(body: Any, context: RequestContext) -> tuple[str, str, list[Item]]:
     """(model name as sent, state text, items), the first problem an InputError: for callers outside the
-    routes (the benchmark harness), which have no control tokens to check before ``prepare``."""
+    routes (the benchmark harness, the calibrate command)."""
     try:
-        items = parse_items(body, RequestContext(max_decisions=max_questions, served_id=served))
+        items = parse_items(body, context)
     except ValidationError as exc:
         first = validation_detail(exc)["detail"][0]
         raise InputError(first["loc"], first["msg"], first["type"]) from None
@@ -236,6 +238,38 @@ def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str
         loc=loc, state=state, question=instructions if instructions is not None else DEFAULT_INSTRUCTIONS[q.type],
         options=texts, option_locs=option_locs, state_loc=("body", "state"), question_loc=loc + ("instructions",),
         option_keys=keys, permutations=permutations, kind=q.type))
+
+
+def answer_request(body: Any, call: Call) -> Answer:
+    """Answer one System One body. Raises ValidationError or InputError (invalid, 422), or what ``call.score``
+    raises."""
+    items = parse_items(body, call.context)
+    answered = call.score(call.model.prepare([item.question for item in items]))
+    stats = answered.stats
+    input_tokens = sum(s.input_tokens for s in answered.results)
+    return Answer({
+        "model": call.model.served_id,
+        "answers": {item.qid: answer(item, s) for item, s in zip(items, answered.results)},
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        "x_evaluated_tokens": stats.shared_tokens + sum(stats.own_tokens),
+        "x_cached_tokens": stats.cached_tokens,
+        "x_timing": {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
+                     "total": time.perf_counter() - call.started},
+    }, log={"questions": len(items), "input_tokens": input_tokens, "queue_s": round(answered.queue_s, 6),
+            "prefill_s": round(stats.prefill_s, 6), "readout_s": round(stats.readout_s, 6)})
+
+
+def render(failure: Failure) -> tuple[dict[str, Any], int]:
+    """System One's error body: FastAPI's 422 for invalid input, ``{"detail": {error_type, message}}`` else."""
+    cause = failure.cause
+    if failure.kind == "input" and isinstance(cause, (ValidationError, InputError)):
+        if isinstance(cause, InputError) and cause.kind.startswith("json_"):
+            return json_error(cause), 422
+        return validation_detail(cause), 422
+    body = error_body(failure.status, failure.message)
+    if failure.retryable:
+        body["retryable"] = True
+    return body, failure.status
 
 
 def answer(item: Item, scored: Scored) -> dict[str, Any]:
@@ -284,7 +318,7 @@ def _fastapi_error(error: dict[str, Any]) -> dict[str, Any]:
     loc = list(error["loc"])
     # A tagged union puts the tag in the location (questions.q.choice.criteria); the question's own
     # fields sit right under its id, so the tag is dropped. An absent tag is the missing field it is.
-    if len(loc) > 2 and loc[0] == "questions" and loc[2] in TYPES:
+    if len(loc) > 2 and loc[0] == "questions" and loc[2] in QUESTION_TYPES:
         del loc[2]
     out = {"loc": _safe_loc(["body", *loc]), "msg": error["msg"], "type": error["type"]}
     if error["type"] == "union_tag_not_found":

@@ -5,10 +5,11 @@ its answer labels as token sequences, it returns each label's full-vocabulary lo
 first answer position (the chain rule over the label's tokens where a label spans several), the diagnostics
 of that position, and what it cost; no token is generated.
 
-``score`` looks the prefix up in the state cache, asks ``plan.plan_job`` for the steps, and has the
-``Executor`` run them against the ``Memory``: the plan decides, the executor decodes, the memory holds. The
-layout the plan chooses (see ``plan``) makes every answer the same bit for bit alone, beside other questions,
-on a cache hit or on a miss. Not for concurrent use: one caller at a time holds the engine's lock.
+``begin`` looks the prefix up in the state cache and asks ``plan.plan_job`` for the steps; the scheduler thread
+then has ``step`` run them one by one (the ``Executor`` against the ``Memory``: the plan decides, the executor
+decodes, the memory holds) and ``finish`` read the results out. The layout the plan chooses (see ``plan``) makes
+every answer the same bit for bit alone, beside other questions, on a cache hit or on a miss. Not for
+concurrent use: whoever steps jobs holds the engine's lock.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Sequence
 import llama_cpp as llama
 
 from .cache import PrefixCache, tokens_key
-from .executor import EngineError, Executor, Outcome, RestoreFailed
+from .errors import EngineError, GpuUnavailable, RestoreFailed
+from .executor import Executor, Outcome
 from .memory import Memory
-from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, PlanError, chunked, plan_job
+from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, chunked, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix, prompt_score
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,6 @@ log = logging.getLogger(__name__)
 VENDORED_LLAMA_CPP = {"0.3.36": "ggml-org/llama.cpp@0c1e57098"}
 KV_CACHE_TYPES = {"f32": llama.GGML_TYPE_F32, "f16": llama.GGML_TYPE_F16}
 
-__all__ = ["Engine", "EngineError", "EngineOptions", "GpuUnavailable", "Job", "PlanError"]
 
 
 @dataclass
@@ -65,10 +66,6 @@ class Job:
         self.spec = replace(self.spec, state_cached=False)
 
 
-class GpuUnavailable(EngineError):
-    """GPU layers were requested from a llama.cpp build without a GPU backend."""
-
-
 @dataclass(frozen=True)
 class EngineOptions:
     threads: int
@@ -96,10 +93,7 @@ class Engine:
         self._head_blob: bytes | None = None
         self.cache = PrefixCache(options.state_cache_bytes)
         _init_backend()
-        if options.gpu_layers != 0 and not llama.llama_supports_gpu_offload():
-            raise GpuUnavailable(
-                f"ADAPTER_GPU_LAYERS={options.gpu_layers} asks for GPU offload, but this llama-cpp-python "
-                f"build has no GPU backend; set ADAPTER_GPU_LAYERS=0 or use the GPU image")
+        check_gpu_layers(options.gpu_layers)
         try:
             self._load()
         except BaseException:
@@ -154,11 +148,6 @@ class Engine:
         self.chat_template = template.decode("utf-8") if template else None
         self.control_texts = self._control_texts()
         self.architecture = self.metadata("general.architecture") or "unknown"
-        desc = ctypes.create_string_buffer(256)
-        llama.llama_model_desc(self._model, desc, len(desc))
-        self.description = desc.value.decode("utf-8", "replace")
-        self.n_params = int(llama.llama_model_n_params(self._model))
-        self.gpu_offload = bool(llama.llama_supports_gpu_offload()) and opts.gpu_layers != 0
 
     def _special_text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", "replace") if token >= 0 else ""
@@ -233,16 +222,17 @@ class Engine:
         """How a job's prompts relate to the head and to each other, before looking at the cache.
 
         ``state`` is the span of tokens that every prompt has whatever its question (the state, up to and
-        including the question heading); its end is the cacheable prefix. Without it, prompts share what
-        they have in common, minus at least one token of their own.
+        including the question heading); its end is the cacheable prefix, saved under ``state_key``. Without
+        it, prompts share what they have in common, minus at least one token of their own.
         """
         if not prompts or len(prompts) != len(tries):
             raise ValueError("one label trie per prompt is needed")
         prompts = tuple(tuple(p) for p in prompts)
         head = len(self._head) if self._head and common_prefix([self._head, *prompts]) == len(self._head) else 0
         common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
-        end = common if state is None else min(state[1], common)
-        return JobSpec(prompts, tuple(tries), head, max(head, end))
+        end = max(head, common if state is None else min(state[1], common))
+        state_key = tokens_key("state", prompts[0][:end]) if end > head else None
+        return JobSpec(prompts, tuple(tries), head, end, state_key)
 
     def plan(self, spec: JobSpec) -> Plan:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""
@@ -250,33 +240,24 @@ class Engine:
 
     @property
     def lock(self) -> threading.Lock:
-        """Held by whoever steps jobs: ``score`` for a lone caller, the scheduler thread otherwise."""
+        """Held by whoever uses the context: the scheduler thread while it steps jobs, ``prefill`` otherwise."""
         return self._lock
 
-    def score(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie], *,
-              state: tuple[int, int] | None = None) -> tuple[list[PromptScore], ScoreStats]:
-        """Score each prompt against its label trie at once; raises PlanError when the job cannot fit the
-        memory. Concurrent callers go through a ``Scheduler``, which runs jobs step by step."""
-        job = self.begin(self.job_spec(prompts, tries, state))
-        with self._lock:
-            while self.step(job):
-                pass
-        return self.finish(job)
-
-    def begin(self, spec: JobSpec) -> Job:
-        """A job for ``spec``: what the cache already holds for it, and its plan. Any thread may call this."""
+    def begin(self, spec: JobSpec, plan: Plan | None = None) -> Job:
+        """A job for ``spec``: what the cache already holds for it, and its plan (``plan``, the uncached plan of
+        ``spec``, is used as it is when the cache holds nothing for the job). Any thread may call this."""
         keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
         answered = {i: a for i, key in enumerate(keys) if (a := self.cache.get(key)) is not None}
-        state_key = tokens_key("state", spec.prompts[0][:spec.state_end]) if spec.state_end > spec.head else None
         blobs: dict[str | bytes, bytes] = {HEAD_BLOB: self._head_blob} if self._head_blob else {}
         cached_state = None
-        if state_key is not None and len(answered) < len(spec.prompts):
-            cached_state = self.cache.get(state_key)
+        if spec.state_key is not None and len(answered) < len(spec.prompts):
+            cached_state = self.cache.get(spec.state_key)
         if cached_state is not None:
-            blobs[state_key] = cached_state
-        spec = replace(spec, state_key=state_key, state_cached=cached_state is not None,
-                       answered=frozenset(answered))
-        return Job(spec, plan_job(spec, self.limits), blobs, answered, keys)
+            blobs[spec.state_key] = cached_state
+        if answered or cached_state is not None or plan is None:
+            spec = replace(spec, state_cached=cached_state is not None, answered=frozenset(answered))
+            plan = plan_job(spec, self.limits)
+        return Job(spec, plan, blobs, answered, keys)
 
     def step(self, job: Job) -> bool:
         """Run the job's next step; False once every step has run. Only the thread that owns the engine calls
@@ -388,3 +369,11 @@ def _init_backend() -> None:
 def gpu_backend_available() -> bool:
     _init_backend()
     return bool(llama.llama_supports_gpu_offload())
+
+
+def check_gpu_layers(gpu_layers: int) -> None:
+    """Refuse GPU layers from a llama.cpp build without a GPU backend (at start-up, before loading anything)."""
+    if gpu_layers != 0 and not gpu_backend_available():
+        raise GpuUnavailable(
+            f"ADAPTER_GPU_LAYERS={gpu_layers} asks for GPU offload, but this llama-cpp-python build has no GPU "
+            f"backend; set ADAPTER_GPU_LAYERS=0 or use the GPU image")

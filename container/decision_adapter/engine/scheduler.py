@@ -1,8 +1,8 @@
 """The scheduler: one thread per model owns the llama.cpp context and runs every scoring job, first come, first
 served, with admission by work and deadlines.
 
-HTTP handlers render, tokenize and plan (``Engine.begin``), then ``submit`` the job and wait on its future. The
-scheduler thread takes jobs in arrival order and runs each step by step; between two steps it checks the job's
+Every scoring goes through here: requests, the start-up probe and the benchmarks hand a job (``Engine.begin``)
+to ``submit`` and wait on its future. The scheduler thread takes jobs in arrival order and runs each step by step; between two steps it checks the job's
 deadline, so a job whose client has given up (``ADAPTER_REQUEST_TIMEOUT_S``) stops within one micro-batch and
 frees its memory. Jobs run one after another: every job lays its memory out from empty cells, which is what keeps
 an answer the same bit for bit whatever else is in flight (see ``plan``). On a CPU this costs nothing: a decode
@@ -17,35 +17,49 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import Busy, DeadlineExceeded, ScoringFailed
+from .readout import PromptScore, ScoreStats
 
 log = logging.getLogger(__name__)
 # A caller waits this much past the deadline for the job to be dropped at its step boundary before it answers.
 RESULT_GRACE_S = 0.5
 
 
-class Busy(RuntimeError):
-    """The queue holds as much work as it may; retry later."""
+class SchedulableJob(Protocol):
+    """What the scheduler reads of a job: the tokens it decodes, which admission counts."""
+
+    @property
+    def tokens(self) -> int: ...
 
 
-class DeadlineExceeded(RuntimeError):
-    """The job was not answered within its deadline; its work was dropped."""
+@runtime_checkable
+class JobRunner(Protocol):
+    """What the scheduler needs of an engine: a lock held while stepping, and a job's steps, end and results."""
 
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
 
-class ScoringFailed(RuntimeError):
-    """The job failed inside the engine; the traceback is in the log."""
+    def step(self, job: Any) -> bool: ...
+
+    def abandon(self, job: Any) -> None: ...
+
+    def finish(self, job: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
 
 @dataclass
 class Ticket:
     """One submitted job and what its caller waits on."""
 
-    job: Any
-    deadline: float  # time.monotonic() after which the job is dropped
+    job: SchedulableJob
+    deadline: float  # time.monotonic() after which the job is dropped (math.inf: never)
     tokens: int  # what the job was admitted for; its plan may change if a cached state must be decoded again
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
@@ -57,7 +71,7 @@ class Ticket:
 
 
 class Scheduler:
-    def __init__(self, engine: Any, *, queue_tokens: int, name: str = "scheduler"):
+    def __init__(self, engine: JobRunner, *, queue_tokens: int, name: str = "scheduler"):
         self.engine = engine
         self.queue_tokens = queue_tokens
         self._queue: collections.deque[Ticket] = collections.deque()
@@ -70,8 +84,10 @@ class Scheduler:
 
     # ---- callers -------------------------------------------------------------------------------
 
-    def submit(self, job: Any, timeout_s: float) -> Ticket:
-        ticket = Ticket(job, time.monotonic() + timeout_s, job.tokens)
+    def submit(self, job: SchedulableJob, timeout_s: float | None) -> Ticket:
+        """Queue ``job`` with a deadline ``timeout_s`` from now (None: no deadline); raises Busy."""
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
+        ticket = Ticket(job, deadline, job.tokens)
         with self._ready:
             if self._stopping:
                 raise Busy("the server is shutting down")
@@ -83,11 +99,12 @@ class Scheduler:
             self._ready.notify()
         return ticket
 
-    def result(self, ticket: Ticket) -> Any:
-        """The job's result; raises DeadlineExceeded, ScoringFailed or the engine's own input errors."""
+    def result(self, ticket: Ticket) -> tuple[list[PromptScore], ScoreStats]:
+        """The job's result; raises DeadlineExceeded or ScoringFailed."""
         remaining = ticket.deadline - time.monotonic()
         try:
-            return ticket.future.result(timeout=max(0.0, remaining) + RESULT_GRACE_S)
+            return ticket.future.result(
+                timeout=None if math.isinf(remaining) else max(0.0, remaining) + RESULT_GRACE_S)
         except TimeoutError:
             raise DeadlineExceeded("no answer within the deadline") from None
 

@@ -1,4 +1,5 @@
-"""Structured logs: one JSON object per line, so CloudWatch Logs Insights can query every field."""
+"""Structured logs: one JSON object per line, so CloudWatch Logs Insights can query every field; the request's
+log line and its fields."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from flask import g
 
 REQUEST_LOGGER = "decision_adapter.requests"
 
@@ -37,3 +40,18 @@ def configure(level: str) -> None:
 
 def log_request(fields: dict[str, Any]) -> None:
     logging.getLogger(REQUEST_LOGGER).info("request", extra={"fields": fields})
+
+
+def log_scoring_failed(fields: dict[str, Any]) -> None:
+    """A request's scoring raised inside the engine: its cause (the traceback is logged by the scheduler)."""
+    logging.getLogger(REQUEST_LOGGER).error("scoring failed", extra={"fields": fields})
+
+
+def add_log_fields(fields: dict[str, Any]) -> None:
+    """Add an answer's fields to the request's log line; numbers add up over the records of a batch."""
+    line = g.setdefault("log", {})
+    for key, value in fields.items():
+        previous = line.get(key)
+        if isinstance(value, (int, float)) and isinstance(previous, (int, float)):
+            value = round(previous + value, 6) if isinstance(value, float) else previous + value
+        line[key] = value

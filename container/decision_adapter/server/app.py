@@ -2,10 +2,9 @@
 
 ``create_app(settings=None, engine=None)`` builds it. Without an engine the model loads in a
 background thread, so that /ping can answer 503 while it loads; with an injected engine (tests) it
-loads before ``create_app`` returns. Each blueprint owns its routes, models and error shape; the app
+loads before ``create_app`` returns. Each blueprint owns its routes and error shape; the app
 adds the request id, the one log line per request, and the errors routing raises before any blueprint
 is chosen (404, and 405 with its ``Allow`` header), in the shape of the blueprint the path belongs to.
-This layer never imports llama.cpp.
 """
 
 from __future__ import annotations
@@ -15,15 +14,13 @@ import uuid
 from typing import Any
 
 from flask import Flask, Response, g, request
-from werkzeug.exceptions import HTTPException
 
-from . import sagemaker_routes, service, systemone_routes
+from ..settings import Settings
+from ..startup import Readiness, load_into
+from . import sagemaker, systemone
 from .admission import Admission
 from .logs import log_request
-from .settings import Settings
-from .startup import Readiness, load_into
-
-AdapterState = service.AdapterState
+from .state import EXTENSION, AdapterState
 
 
 def create_app(settings: Settings | None = None, engine: Any = None, *, defer_loading: bool = False) -> Flask:
@@ -33,14 +30,14 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.json.sort_keys = False  # test clients' json= bodies keep their key order, as real clients' do
     state = AdapterState(settings, Readiness(), Admission(settings.queue_depth), engine)
-    app.extensions[service.EXTENSION] = state
+    app.extensions[EXTENSION] = state
     if engine is not None and not defer_loading:
         load_into(state.readiness, settings, engine)
     elif not defer_loading:
         state.start_loading()
 
-    app.register_blueprint(sagemaker_routes.blueprint)
-    app.register_blueprint(systemone_routes.blueprint)
+    app.register_blueprint(sagemaker.blueprint)
+    app.register_blueprint(systemone.blueprint)
 
     @app.before_request
     def start() -> None:
@@ -58,17 +55,14 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
                          **g.get("log", {})})
         return response
 
-    @app.errorhandler(HTTPException)
-    def routing_error(exc: HTTPException) -> Response:
-        return service.json_response(*_owner(request.path).render_error(exc))
-
     @app.errorhandler(Exception)
-    def unexpected(exc: Exception) -> Response:
-        return service.json_response(*_owner(request.path).render_error(exc))
+    def unrouted(exc: Exception) -> Response:
+        """Errors raised before a blueprint was chosen, in the shape of the blueprint the path belongs to."""
+        return _owner(request.path).render_error(exc)
 
     return app
 
 
 def _owner(path: str):
     """The blueprint module a path belongs to, for errors raised before routing chose one."""
-    return systemone_routes if path == "/v1" or path.startswith("/v1/") else sagemaker_routes
+    return systemone if path == "/v1" or path.startswith("/v1/") else sagemaker

@@ -13,6 +13,8 @@ SINGLE = tuple(string.ascii_uppercase)
 PAIRED = tuple(f"{letter}{digit}" for letter in string.ascii_uppercase for digit in string.digits)
 MAX_OPTIONS = 255
 MAX_PERMUTATIONS = 16  # orderings one question may be averaged over (the cost is that many prompts)
+# System One's question types; a calibration has one temperature per type, and score levels may take digits.
+QUESTION_TYPES = ("noul", "choice", "score")
 
 
 def labels_for(n_options: int) -> tuple[str, ...]:

@@ -1,12 +1,14 @@
 """The AWS walkthrough's decision schema: ``{"decision": {...}}`` and ``{"decisions": [...]}``.
 
 Owns the request models (pydantic, strict), their translation into ``Question``s for the decision
-model, the response models (for the OpenAPI document) and the result shape. Every problem becomes an
+model, the answer and its result shape, the error body (``{"error": ..., "retryable"?}``, also every
+SageMaker route's) and the response models (for the OpenAPI document). Every problem becomes an
 ``InputError`` whose message names the field, e.g. ``decisions[1].options[0].id repeats the option id 'a'``.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any, get_args
 
@@ -14,11 +16,12 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic import WithJsonSchema, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .errors import InputError, Loc
+from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS
+from ..decisions.model import Question, Scored
+from ..decisions.prompt import state_text
+from ..errors import Failure, InputError, Loc
+from .call import Answer, Call
 from .fields import NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, check_json, printable
-from .labels import MAX_OPTIONS, MAX_PERMUTATIONS
-from .prompt import state_text
-from .scoring import Question, Scored
 
 
 def _state_type(value: Any) -> Any:
@@ -177,6 +180,33 @@ def _fields_at(root: type[BaseModel], loc: Loc) -> list[str]:
         model = next((t for t in (field.annotation, *get_args(field.annotation))
                       if isinstance(t, type) and issubclass(t, BaseModel)), None)
     return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def answer(body: dict[str, Any], call: Call) -> Answer:
+    """Answer a ``decision`` or ``decisions`` body. Raises InputError, or what ``call.score`` raises."""
+    decisions, single = parse(body, call.context)
+    answered = call.score(call.model.prepare([d.question for d in decisions]))
+    stats = answered.stats
+    results = [result(d, s, call.model.model_info) for d, s in zip(decisions, answered.results)]
+    timing = {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
+              "total": time.perf_counter() - call.started, "cached_tokens": stats.cached_tokens}
+    log = {"decisions": len(decisions), "input_tokens": sum(s.input_tokens for s in answered.results),
+           "queue_s": round(answered.queue_s, 6), "prefill_s": round(stats.prefill_s, 6),
+           "readout_s": round(stats.readout_s, 6)}
+    if single:
+        return Answer({"result": {**results[0], "timing": timing}}, log=log)
+    timing.update({"prefix_tokens": stats.resident_tokens + stats.shared_tokens,
+                   "resident_tokens": stats.resident_tokens, "shared_tokens": stats.shared_tokens,
+                   "question_tokens": list(stats.own_tokens)})
+    return Answer({"results": results, "timing": timing}, log=log)
+
+
+def render(failure: Failure) -> tuple[dict[str, Any], int]:
+    """The error body of this schema and of every SageMaker route: the message, and whether to retry."""
+    body: dict[str, Any] = {"error": failure.message}
+    if failure.retryable:
+        body["retryable"] = True
+    return body, failure.status
 
 
 def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict[str, Any]:

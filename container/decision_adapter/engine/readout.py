@@ -1,6 +1,6 @@
 """Pure-Python pieces of the readout: answer-label tries, the engine's result types and small math.
 
-Kept apart from ``engine`` (which loads llama.cpp) so that the scoring layer and unit tests can use
+Kept apart from ``core`` (which loads llama.cpp) so that the decisions layer and unit tests can use
 them without the native library.
 """
 
@@ -114,9 +114,3 @@ def softmax(values: Sequence[float]) -> list[float]:
     weights = [math.exp(v - top) for v in values]
     total = math.fsum(weights)
     return [w / total for w in weights]
-
-
-def log_softmax(values: Sequence[float]) -> list[float]:
-    top = max(values)
-    total = math.log(math.fsum(math.exp(v - top) for v in values))
-    return [v - top - total for v in values]

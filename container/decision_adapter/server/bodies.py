@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from .errors import ApiError, InputError
+from ..errors import ApiError, InputError
 
 MAX_DEPTH = 64
 ZSTD_PIECE = 64  # compressed bytes per step: at most a few MB of output each

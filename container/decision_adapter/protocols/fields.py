@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic import WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .errors import InputError
+from ..decisions.model import DecisionModel
 
 SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -27,9 +27,13 @@ SURROGATE = re.compile("[\ud800-\udfff]")
 class RequestContext:
     """What validation needs beyond the body: the model's control tokens, limits, the served model id."""
 
-    model: Any = None  # a scoring.DecisionModel; its check_text rejects the model's control tokens
+    control_tokens: re.Pattern[str] | None = None  # texts the model would parse as its control tokens
     max_decisions: int = 64
     served_id: str = ""
+
+    @classmethod
+    def of(cls, model: DecisionModel, max_decisions: int) -> "RequestContext":
+        return cls(control_tokens=model.control_tokens, max_decisions=max_decisions, served_id=model.served_id)
 
 
 class StrictModel(BaseModel):
@@ -49,12 +53,10 @@ def string_problem(text: str, context: Any, *, shown: bool) -> PydanticCustomErr
         return PydanticCustomError(
             "string_surrogate", "holds a lone surrogate {code}, which is not text (send UTF-8 or a surrogate pair)",
             {"code": f"\\u{ord(found.group()):04x}"})
-    model = getattr(context, "model", None)
-    if shown and model is not None:
-        try:
-            model.check_text((), text)
-        except InputError as exc:
-            return PydanticCustomError("control_token", "{problem}", {"problem": exc.msg})
+    control = getattr(context, "control_tokens", None)
+    if shown and control is not None and (found := control.search(text)):
+        return PydanticCustomError("control_token", "{problem}",
+                                   {"problem": f"contains the model's control token {found.group(0)!r}"})
     return None
 
 

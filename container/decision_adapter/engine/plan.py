@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
+from .errors import PlanError
 from .readout import LabelTrie
 
 STATE_SEQ = 0
@@ -127,10 +128,6 @@ class Plan:
     cached_tokens: int  # state tokens restored from the cache instead
     own_tokens: tuple[int, ...]  # tokens decoded for each prompt alone (0 for an answered prompt)
     readout_tokens: int  # label-path tokens decoded
-
-
-class PlanError(ValueError):
-    """The job cannot be laid out within the limits; the message gives the numbers."""
 
 
 def chunked(seq: int, tokens: Sequence[int], pos: int, size: int, read: Read | None) -> list[Decode]:

@@ -13,9 +13,9 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
+from ..decisions.model_files import ModelFilesError, find_gguf
+from ..settings import Settings, SettingsError
 from . import logs
-from .model_files import ModelFilesError, find_gguf
-from .settings import Settings, SettingsError
 
 
 class PreflightError(RuntimeError):
@@ -28,14 +28,14 @@ def preflight(settings: Settings) -> None:
     except ModelFilesError as exc:
         raise PreflightError(str(exc)) from None
     try:
-        from .engine import gpu_backend_available
+        from ..engine.core import check_gpu_layers
+        from ..engine.errors import GpuUnavailable
     except (ImportError, OSError, RuntimeError) as exc:
         raise PreflightError(f"llama-cpp-python cannot load its native library: {exc}") from None
-    if settings.gpu_layers != 0:
-        if not gpu_backend_available():
-            raise PreflightError(
-                f"ADAPTER_GPU_LAYERS={settings.gpu_layers} asks for GPU offload, but this llama-cpp-python "
-                f"build has no GPU backend; set ADAPTER_GPU_LAYERS=0 or use the GPU image")
+    try:
+        check_gpu_layers(settings.gpu_layers)
+    except GpuUnavailable as exc:
+        raise PreflightError(str(exc)) from None
 
 
 class _Gunicorn(BaseApplication):

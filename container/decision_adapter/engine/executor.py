@@ -12,26 +12,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import llama_cpp as llama
 import numpy as np
 
-from .plan import Decode, Fork, Plan, Read, Release, Restore, Save, Step
+from .errors import EngineError
+from .memory import Memory
+from .plan import Decode, Fork, Read, Release, Restore, Save, Step
 from .readout import NodeRead
 
-if TYPE_CHECKING:
-    from .memory import Memory
-
 DECODE_FAILURES = {1: "no free memory cells for the batch", 2: "aborted", -1: "invalid batch"}
-
-
-class EngineError(RuntimeError):
-    """llama.cpp could not load or evaluate; the message says which step failed."""
-
-
-class RestoreFailed(EngineError):
-    """llama.cpp refused a saved sequence; the job is decoded again from the head."""
 
 
 @dataclass
@@ -51,14 +41,7 @@ class Executor:
         self.capacity = batch_tokens
         self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
 
-    def run(self, plan: Plan, memory: "Memory", blobs: dict[str | bytes, bytes]) -> Outcome:
-        """Run every step; ``blobs`` holds the saved sequences the plan restores, by key."""
-        outcome = Outcome()
-        for step in plan.steps:
-            self.run_step(step, memory, blobs, outcome)
-        return outcome
-
-    def run_step(self, step: Step, memory: "Memory", blobs: dict[str | bytes, bytes], outcome: Outcome) -> None:
+    def run_step(self, step: Step, memory: Memory, blobs: dict[str | bytes, bytes], outcome: Outcome) -> None:
         started = time.perf_counter()
         if isinstance(step, Decode):
             self.decode(step, outcome.reads)

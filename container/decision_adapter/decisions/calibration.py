@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .readout import softmax
+from ..engine.readout import log_sum_exp, softmax
+from .labels import QUESTION_TYPES
 
 FILE_NAME = "calibration.json"
-TYPES = ("noul", "choice", "score")
 DEFAULT_TYPE = "choice"  # the walkthrough's decisions carry no type: they are choices
 LOG_T_RANGE = (math.log(0.05), math.log(20.0))
 
@@ -79,9 +79,9 @@ def load(folder: Path, *, gguf_sha256: str, prompt_version: str) -> Calibration 
     if calibration.prompt_version != prompt_version:
         raise CalibrationError(f"{FILE_NAME} was fitted for prompt version {calibration.prompt_version!r}, "
                                f"this adapter renders version {prompt_version!r}; fit it again")
-    bad = {k: t for k, t in calibration.temperatures.items() if k not in TYPES or not 0 < t < math.inf}
+    bad = {k: t for k, t in calibration.temperatures.items() if k not in QUESTION_TYPES or not 0 < t < math.inf}
     if bad:
-        raise CalibrationError(f"{FILE_NAME} has invalid temperatures {bad} (types: {', '.join(TYPES)})")
+        raise CalibrationError(f"{FILE_NAME} has invalid temperatures {bad} (types: {', '.join(QUESTION_TYPES)})")
     return calibration
 
 
@@ -92,8 +92,7 @@ def nll(rows: Sequence[Row], temperature: float) -> float:
     total = 0.0
     for row in rows:
         scaled = [x / temperature for x in row.logits]
-        top = max(scaled)
-        total += top + math.log(math.fsum(math.exp(v - top) for v in scaled)) - scaled[row.answer]
+        total += log_sum_exp(scaled) - scaled[row.answer]
     return total / len(rows)
 
 
@@ -118,7 +117,7 @@ def fit_temperature(rows: Sequence[Row]) -> float:
 
 
 def fit(rows: Sequence[Row]) -> dict[str, float]:
-    return {kind: fit_temperature([r for r in rows if r.type == kind]) for kind in TYPES
+    return {kind: fit_temperature([r for r in rows if r.type == kind]) for kind in QUESTION_TYPES
             if any(r.type == kind for r in rows)}
 
 

@@ -1,9 +1,11 @@
-"""Decision scoring over an engine: prompts, label checks, token budgets and probabilities.
+"""The decision model: prompts, label checks, token budgets and probabilities, over an engine and its scheduler.
 
 ``DecisionModel`` is what the protocols (the walkthrough's decision schema, System One) call. It renders
 each question with the model's chat template, keeps the fixed head resident in the engine, checks the
-budgets before anything is evaluated, and turns the engine's label log-probabilities into probabilities.
-It never imports llama.cpp: the engine is handed in.
+budgets before anything is evaluated, scores through the engine's scheduler (the one scoring path, for
+requests, the start-up probe and the benchmarks alike) and turns the label log-probabilities into
+probabilities. It never imports llama.cpp: the engine and the scheduler are handed in, typed by what this
+module needs of them (``ScoringEngine``, ``JobScheduler``).
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
-from .errors import InputError, Loc
+from ..engine.errors import PlanError
+from ..engine.plan import JobSpec, Plan
+from ..engine.readout import LabelTrie, PromptScore, ScoreStats, common_prefix, log_sum_exp, softmax
+from ..errors import InputError, Loc
+from .calibration import Calibration
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .model_files import ModelIdentity
 from .prompt import DIGITS, QUESTION_HEADING, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, \
     user_payload
-from .plan import PlanError
-from .readout import LabelTrie, common_prefix, log_sum_exp, softmax
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
                   "(last prompt position); no tokens generated")
@@ -50,21 +54,44 @@ class ModelIncompatible(RuntimeError):
     """The model cannot serve decisions (template or labels); raised at start-up."""
 
 
+@runtime_checkable
 class ScoringEngine(Protocol):
+    """What the decision model needs of an engine: its vocabulary and template, the resident head, and jobs."""
+
     chat_template: str | None
     bos_text: str
     eos_text: str
     control_texts: tuple[str, ...]
     ctx_tokens: int
-    resident_tokens: int
+
+    @property
+    def resident_tokens(self) -> int: ...
 
     def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]: ...
+
     def piece(self, token: int) -> bytes: ...
+
     def keep_resident(self, tokens: Sequence[int]) -> None: ...
-    def job_spec(self, prompts, tries, state: tuple[int, int] | None = None): ...
-    def begin(self, spec): ...
-    def plan(self, spec): ...
-    def score(self, prompts, tries, *, state: tuple[int, int] | None = None): ...
+
+    def job_spec(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie],
+                 state: tuple[int, int] | None = None) -> JobSpec: ...
+
+    def plan(self, spec: JobSpec) -> Plan: ...
+
+    def begin(self, spec: JobSpec, plan: Plan | None = None) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class JobScheduler(Protocol):
+    """What the decision model needs of a scheduler: submit a job with a deadline, wait for its result."""
+
+    def submit(self, job: Any, timeout_s: float | None) -> Any: ...
+
+    def result(self, ticket: Any) -> tuple[list[PromptScore], ScoreStats]: ...
+
+    def stop(self, timeout_s: float = 30.0) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +112,8 @@ class Question:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request rendered and tokenized: one prompt per ordering of each question's options."""
+    """A request rendered, tokenized and planned: one prompt per ordering of each question's options, and the
+    job that scores them (``spec``, with ``plan``, its plan as if nothing were cached)."""
 
     questions: tuple[Question, ...]
     prompts: tuple[str, ...]
@@ -95,6 +123,8 @@ class Prepared:
     tries: tuple[LabelTrie, ...]
     orders: tuple[tuple[int, ...], ...]  # for each prompt, the option (request index) shown at each position
     owners: tuple[int, ...]  # for each prompt, the index of its question
+    spec: JobSpec
+    plan: Plan
 
 
 @dataclass(frozen=True)
@@ -115,13 +145,26 @@ class Limits:
     max_request_tokens: int
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A scored request: one result per question, what the engine did, and how long the job waited."""
+
+    results: list[Scored]
+    stats: ScoreStats
+    queue_s: float
+
+
 class DecisionModel:
-    def __init__(self, engine: Any, identity: ModelIdentity, limits: Limits, runtime: dict[str, Any],
-                 served_id: str = "", style: PromptStyle | None = None):
+    def __init__(self, engine: ScoringEngine, scheduler: JobScheduler, identity: ModelIdentity, limits: Limits,
+                 runtime: dict[str, Any], *, served_id: str = "", style: PromptStyle | None = None,
+                 calibration: Calibration | None = None, default_permutations: int = 1):
         self.engine = engine
+        self.scheduler = scheduler
         self.served_id = served_id or identity.file.removesuffix(".gguf")
         self.identity = identity
         self.limits = limits
+        self.calibration = calibration  # a calibration.json fitted for this GGUF and prompt, if any
+        self.default_permutations = default_permutations  # ADAPTER_PERMUTATIONS
         try:
             self.layout = PromptLayout(ChatTemplate(engine.chat_template, bos_token=engine.bos_text,
                                                     eos_token=engine.eos_text), style or STYLES["plain"])
@@ -130,15 +173,18 @@ class DecisionModel:
             raise ModelIncompatible(str(exc)) from None
         self._head = head
         self._head_tokens = engine.tokenize(head)
-        self._control = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
-                         if engine.control_texts else None)
+        # What request validation refuses in text the model reads: the texts of the model's control tokens.
+        self.control_tokens = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
+                               if engine.control_texts else None)
         self._label_tokens = self._check_labels()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
         engine.keep_resident(self._head_tokens)
         self.model_info = {**identity.as_dict(), **runtime}
-        self.scheduler = None  # set once the model is ready to serve (startup)
-        self.calibration = None  # a calibration.json fitted for this GGUF and prompt (startup)
-        self.default_permutations = 1  # ADAPTER_PERMUTATIONS
+
+    def close(self) -> None:
+        """Stop the scheduler (its queued jobs run first) and free the engine."""
+        self.scheduler.stop()
+        self.engine.close()
 
     # ---- start-up checks -----------------------------------------------------------------------
 
@@ -184,17 +230,9 @@ class DecisionModel:
     def render(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
         return self.layout.render(user_payload(state, question, labels, options))
 
-    def check_text(self, loc: Loc, text: str) -> None:
-        if self._control is not None and (found := self._control.search(text)):
-            raise InputError(loc, f"contains the model's control token {found.group(0)!r}")
-
     def prepare(self, questions: Sequence[Question]) -> Prepared:
-        """Render and tokenize; reject control tokens and over-budget prompts before any evaluation."""
-        for q in questions:
-            self.check_text(q.state_loc, q.state)
-            self.check_text(q.question_loc, q.question)
-            for loc, text in zip(q.option_locs, q.options):
-                self.check_text(loc, text)
+        """Render, tokenize and plan; refuse over-budget prompts before any evaluation. The text is validated
+        already (the protocols refuse the model's control tokens where they parse the request)."""
         owners, orders = [], []
         for i, q in enumerate(questions):
             for order in orderings(q.option_keys or q.options, q.permutations or self.default_permutations):
@@ -221,12 +259,14 @@ class DecisionModel:
         spans = [self._span(prefixes[questions[i].state], t) for i, t in zip(owners, tokens)]
         span = (min(s for s, _ in spans), min(e for _, e in spans))
         tries = tuple(self.trie(len(order), questions[i].kind) for i, order in zip(owners, orders))
+        spec = self.engine.job_spec(tokens, tries, span)
         try:
-            self.engine.plan(self.engine.job_spec(tokens, tries, span))
+            plan = self.engine.plan(spec)
         except PlanError as exc:
             raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc, str(exc),
                              kind="value_error.request_too_large") from None
-        return Prepared(tuple(questions), prompts, tokens, request_tokens, span, tries, tuple(orders), tuple(owners))
+        return Prepared(tuple(questions), prompts, tokens, request_tokens, span, tries, tuple(orders), tuple(owners),
+                        spec, plan)
 
     def state_span(self, state: str, tokens: Sequence[int]) -> tuple[int, int]:
         """Where a prompt's state begins and ends in its tokens: after the head, up to and including the
@@ -241,21 +281,14 @@ class DecisionModel:
         start = common_prefix([self._head_tokens, tokens])
         return start, max(start, common_prefix([state_prefix, tokens]))
 
-    def submit(self, prepared: Prepared, timeout_s: float):
-        """Hand the prepared request to the scheduler; raises scheduler.Busy when the queue is full."""
-        job = self.engine.begin(self.engine.job_spec(prepared.tokens, prepared.tries, prepared.state))
-        return self.scheduler.submit(job, timeout_s)
-
-    def result(self, prepared: Prepared, ticket) -> tuple[list[Scored], Any]:
+    def score(self, prepared: Prepared, timeout_s: float | None = None) -> Answered:
+        """Score through the scheduler within ``timeout_s`` (None: no deadline). Raises the scheduler's Busy
+        (the queue is full), DeadlineExceeded or ScoringFailed."""
+        ticket = self.scheduler.submit(self.engine.begin(prepared.spec, prepared.plan), timeout_s)
         scores, stats = self.scheduler.result(ticket)
-        return self._results(prepared, scores), stats
+        return Answered(self._results(prepared, scores), stats, ticket.queue_s)
 
-    def score(self, prepared: Prepared) -> tuple[list[Scored], Any]:
-        """Score at once, on the caller's thread (start-up, benchmarks); serving goes through submit."""
-        scores, stats = self.engine.score(prepared.tokens, prepared.tries, state=prepared.state)
-        return self._results(prepared, scores), stats
-
-    def _results(self, prepared: Prepared, scores) -> list[Scored]:
+    def _results(self, prepared: Prepared, scores: Sequence[PromptScore]) -> list[Scored]:
         """One result per question, in the request's option order: a question scored in several orderings has
         each ordering's label log-probabilities aligned back to its options and averaged, then the softmax."""
         results = []
@@ -289,7 +322,7 @@ class DecisionModel:
         question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
                             tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
                             ("probe", "question"))
-        [result], _ = self.score(self.prepare([question]))
+        [result] = self.score(self.prepare([question])).results
         p = result.probabilities
         if len(p) != 3 or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
             raise ModelIncompatible(f"the probe decision gave no proper distribution: {p}")

@@ -1,0 +1,39 @@
+"""The adapter's state behind the app: its settings, the model's readiness, admission, and the model loader.
+
+``current()`` is the state of the app handling the request; the loader thread sets the readiness once, and
+``/ping`` only reads it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import current_app
+
+from ..settings import Settings
+from ..startup import Readiness, load_into
+from .admission import Admission
+
+EXTENSION = "decision_adapter"
+
+
+@dataclass
+class AdapterState:
+    settings: Settings
+    readiness: Readiness
+    admission: Admission
+    engine: Any = None  # an engine handed in (tests); None: the loader builds the real one
+    loader: threading.Thread | None = field(default=None, repr=False)
+
+    def start_loading(self) -> None:
+        """Load in the background (once); /ping stays 503 until the model is ready."""
+        if self.loader is None:
+            self.loader = threading.Thread(target=load_into, args=(self.readiness, self.settings, self.engine),
+                                           name="model-loader", daemon=True)
+            self.loader.start()
+
+
+def current() -> AdapterState:
+    return current_app.extensions[EXTENSION]

@@ -1,0 +1,65 @@
+"""The System One blueprint: ``POST /v1/systemone`` and ``GET /v1/models``, errors in System One's shape.
+
+Every response carries ``x-typesafe-request-id``, as TypeSafe's servers send it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Blueprint, Response, g, request
+
+from ..errors import ApiError
+from ..protocols import systemone
+from . import bodies, gate
+from .calls import call
+from .errors import respond
+from .http import JSON_TYPES, json_response, media_type, read_body
+from .logs import add_log_fields
+from .state import current
+
+blueprint = Blueprint("systemone", __name__, url_prefix="/v1")
+
+
+def request_id_header() -> dict[str, str]:
+    return {"x-typesafe-request-id": g.get("request_id", "")}
+
+
+def render_error(exc: Exception) -> Response:
+    """Any error on these routes, in System One's shape."""
+    return respond(systemone.render, exc, request_id_header())
+
+
+gate.install(blueprint, scoring_endpoint="systemone.systemone_route", guard_others=True)
+blueprint.register_error_handler(Exception, render_error)
+
+
+@blueprint.post("/systemone")
+def systemone_route() -> Response:
+    kind = media_type()
+    if kind and kind not in JSON_TYPES:
+        raise ApiError(415, f"Content-Type must be application/json (got {request.content_type})")
+    answer = systemone.answer_request(bodies.parse_json(read_body()), call())
+    add_log_fields(answer.log)
+    return json_response(answer.payload, 200, {**answer.headers, **request_id_header()})
+
+
+@blueprint.get("/models")
+def models_route() -> Response:
+    state = current()
+    model = state.readiness.model
+    released = (model.identity.built_at or "")[:10] or time.strftime(
+        "%Y-%m-%d", time.gmtime(_mtime(state.settings.model_dir, model.identity.file)))
+    described = f"{model.identity.file} ({model.model_info.get('architecture', 'gguf')}), served by llama.cpp"
+    return json_response({"models": [
+        {"name": model.served_id, "description": f"Decision model {described}.", "release_date": released},
+        {"name": systemone.ALIAS, "description": f"Alias of {model.served_id}.", "release_date": released}]},
+        200, request_id_header())
+
+
+def _mtime(model_dir: str, name: str) -> float:
+    try:
+        return os.path.getmtime(os.path.join(model_dir, name))
+    except OSError:
+        return time.time()
