@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         model = load_decision_model(replace(base, prompt_style=style), calibrated=False)
         try:
             scored = score_tasks(model, tasks)
-            result["styles"][style] = {"version": model.layout.style.version, **summary(tasks, scored)}
+            result["styles"][style] = {"version": model.prompt_version, **summary(tasks, scored)}
             print(f"style {style}: accuracy {result['styles'][style]['overall']['accuracy']:.3f}", flush=True)
             if i == 0:
                 first_scored = scored

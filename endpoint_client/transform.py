@@ -3,12 +3,18 @@
 Runs the endpoint stack's pinned Model (its ``ModelName`` output) over JSON-lines files: each line one request
 object (``{"decision": ...}``, ``{"decisions": [...]}`` or a System One body), each output line the result of the
 input line at the same place, in ``<input file>.out`` under the output prefix. The job splits the files by line
-(SplitType Line), packs as many lines into one request as fit (BatchStrategy MultiRecord, up to MaxPayloadInMB)
-and joins the results by line (AssembleWith Line).
+(SplitType Line), packs as many lines into one request as the container says it can finish (BatchStrategy,
+MaxPayloadInMB) and joins the results by line (AssembleWith Line).
 
-MaxPayloadInMB is what the container answers at ``GET /execution-parameters``: read from ``--execution-parameters
-URL`` when a container is at hand (e.g. ``make run``'s, or an image under test), else the contract's 6 MB.
-MaxConcurrentTransforms is left to SageMaker, which asks the container the same question.
+How many lines one request may hold is what the container answers at ``GET /execution-parameters``, sized from
+the speed it measured (the adapter's server/batch.py): by default the job leaves BatchStrategy, MaxPayloadInMB and
+MaxConcurrentTransforms out, and SageMaker asks the container itself; ``--execution-parameters URL`` reads them
+from a container at hand instead (e.g. ``make run``'s, or an image under test on the same instance type), and
+``--max-payload-mb`` lowers the payload. The job's ModelClientConfig gives each request the
+InvocationsTimeoutInSeconds that the container budgets a mini-batch for (its ``ADAPTER_BATCH_TIMEOUT_S``, read
+from the model's environment; SageMaker's maximum, 3,600 s, unless set) and one retry
+(``InvocationsMaxRetries``): a mini-batch is answered record by record, bad records as error lines, so a retry
+helps only when the container itself failed.
 
 The model's execution role reads only ``batch/input/`` and writes only ``batch/output/`` of the artifact bucket
 (stacks/endpoint_stack.py); the command refuses other locations rather than start a job that fails later. It
@@ -35,9 +41,11 @@ from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK
 from stacks.config import ADAPTER_KINDS, BATCH_INPUT_PREFIX as INPUT_PREFIX
 from stacks.config import BATCH_OUTPUT_PREFIX as OUTPUT_PREFIX, TRANSFORM_LOG_GROUP
 
-# The contract (shared/design/contract.md, GET /execution-parameters): the adapter honours at least 6 MB.
-CONTRACT_MAX_PAYLOAD_MB = 6
 JSON_LINES = "application/jsonlines"
+# What the adapter budgets a mini-batch for unless ADAPTER_BATCH_TIMEOUT_S says otherwise: SageMaker's maximum.
+DEFAULT_INVOCATION_TIMEOUT_S = 3600
+INVOCATION_RETRIES = 1
+STRATEGIES = {"MULTI_RECORD": "MultiRecord", "SINGLE_RECORD": "SingleRecord"}
 TERMINAL = ("Completed", "Failed", "Stopped")
 
 
@@ -60,29 +68,38 @@ class S3Location:
 
 @dataclass(frozen=True)
 class ExecutionParameters:
-    max_payload_mb: int
-    max_concurrent_transforms: int | None    # None: SageMaker asks the container
+    """What the job says of its requests; None leaves a value out, and SageMaker asks the container."""
+
+    batch_strategy: str | None  # MultiRecord or SingleRecord
+    max_payload_mb: int | None
+    max_concurrent_transforms: int | None
+
+    def describe(self) -> str:
+        if self.batch_strategy is None:
+            return "batches as the container's /execution-parameters says"
+        return f"{self.batch_strategy} batches up to {self.max_payload_mb} MB"
 
 
 def execution_parameters(url: str | None, max_payload_mb: int | None) -> ExecutionParameters:
-    """The container's answer at GET /execution-parameters (when url is given), or the contract's values."""
+    """The container's answer at GET /execution-parameters (when url is given), or none (SageMaker asks)."""
     if url is None:
-        return ExecutionParameters(max_payload_mb or CONTRACT_MAX_PAYLOAD_MB, None)
+        return ExecutionParameters("MultiRecord" if max_payload_mb else None, max_payload_mb, None)
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
             answer = json.loads(response.read())
     except (OSError, ValueError) as error:
         raise CommandError(f"GET {url}: {error}") from None
-    if answer.get("BatchStrategy") != "MULTI_RECORD":
-        raise CommandError(f"{url} answers BatchStrategy {answer.get('BatchStrategy')!r}; this runner sends "
-                           f"MultiRecord batches")
+    strategy = STRATEGIES.get(answer.get("BatchStrategy"))
+    if strategy is None:
+        raise CommandError(f"{url} answers BatchStrategy {answer.get('BatchStrategy')!r}, not one of "
+                           f"{', '.join(STRATEGIES)}")
     payload = answer.get("MaxPayloadInMB")
     if not isinstance(payload, int) or payload < 1:
         raise CommandError(f"{url} answers no MaxPayloadInMB: {answer}")
     if max_payload_mb is not None and max_payload_mb > payload:
         raise CommandError(f"--max-payload-mb {max_payload_mb} is above the container's {payload}")
     concurrent = answer.get("MaxConcurrentTransforms")
-    return ExecutionParameters(max_payload_mb or payload, concurrent if isinstance(concurrent, int) else None)
+    return ExecutionParameters(strategy, max_payload_mb or payload, concurrent if isinstance(concurrent, int) else None)
 
 
 @dataclass(frozen=True)
@@ -95,19 +112,22 @@ class TransformPlan:
     instance_type: str
     instance_count: int
     parameters: ExecutionParameters
+    invocation_timeout_s: int = DEFAULT_INVOCATION_TIMEOUT_S
 
     def request(self, tags: dict[str, str]) -> dict[str, Any]:
-        request = {
+        request: dict[str, Any] = {
             "TransformJobName": self.job_name, "ModelName": self.model_name,
-            "BatchStrategy": "MultiRecord", "MaxPayloadInMB": self.parameters.max_payload_mb,
+            "ModelClientConfig": {"InvocationsTimeoutInSeconds": self.invocation_timeout_s,
+                                  "InvocationsMaxRetries": INVOCATION_RETRIES},
             "TransformInput": {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": self.input.uri}},
                                "ContentType": JSON_LINES, "SplitType": "Line", "CompressionType": "None"},
             "TransformOutput": {"S3OutputPath": self.output.uri, "Accept": JSON_LINES, "AssembleWith": "Line"},
             "TransformResources": {"InstanceType": self.instance_type, "InstanceCount": self.instance_count},
             "Tags": [{"Key": key, "Value": value} for key, value in sorted(tags.items())],
         }
-        if self.parameters.max_concurrent_transforms is not None:
-            request["MaxConcurrentTransforms"] = self.parameters.max_concurrent_transforms
+        known = {"BatchStrategy": self.parameters.batch_strategy, "MaxPayloadInMB": self.parameters.max_payload_mb,
+                 "MaxConcurrentTransforms": self.parameters.max_concurrent_transforms}
+        request.update({key: value for key, value in known.items() if value is not None})
         return request
 
 
@@ -128,10 +148,23 @@ def plan(args: argparse.Namespace, aws: Aws, config: Any, now: datetime) -> Tran
     keys = tuple(_keys(aws.client("s3"), source))
     if not keys:
         raise CommandError(f"no input objects under {source.uri}")
-    return TransformPlan(job_name=job_name, model_name=endpoint_outputs["ModelName"], input=source, output=target,
+    model_name = endpoint_outputs["ModelName"]
+    return TransformPlan(job_name=job_name, model_name=model_name, input=source, output=target,
                          input_keys=keys, instance_type=args.instance_type or endpoint_outputs["TransformInstanceType"],
                          instance_count=args.instance_count,
-                         parameters=execution_parameters(args.execution_parameters, args.max_payload_mb))
+                         parameters=execution_parameters(args.execution_parameters, args.max_payload_mb),
+                         invocation_timeout_s=_invocation_timeout(aws.client("sagemaker"), model_name))
+
+
+def _invocation_timeout(sagemaker: Any, model_name: str) -> int:
+    """The mini-batch budget the model's container works to: its ADAPTER_BATCH_TIMEOUT_S, or the default."""
+    description = sagemaker.describe_model(ModelName=model_name)
+    containers = [description.get("PrimaryContainer", {}), *description.get("Containers", [])]
+    for container in containers:
+        value = (container.get("Environment") or {}).get("ADAPTER_BATCH_TIMEOUT_S")
+        if value:
+            return int(value)
+    return DEFAULT_INVOCATION_TIMEOUT_S
 
 
 def _keys(s3: Any, location: S3Location) -> list[str]:
@@ -179,7 +212,7 @@ def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m endpoint_client transform",
         description="Run a Batch Transform job on an endpoint stack's pinned model over S3 JSON-lines files "
-                    "(SplitType Line, BatchStrategy MultiRecord, AssembleWith Line) and wait for it.")
+                    "(SplitType Line, batches as the container sizes them, AssembleWith Line) and wait for it.")
     add_common_arguments(parser)
     parser.add_argument("--endpoint", choices=ADAPTER_KINDS, default="cpu",
                         help="whose stack's model to run (default cpu)")
@@ -190,7 +223,7 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--instance-count", type=int, default=1)
     parser.add_argument("--execution-parameters", metavar="URL",
                         help="a running container's /execution-parameters, e.g. http://127.0.0.1:8080/"
-                             "execution-parameters (default: the contract's 6 MB)")
+                             "execution-parameters (default: SageMaker asks the job's own container)")
     parser.add_argument("--max-payload-mb", type=int, help="at most the container's MaxPayloadInMB")
     parser.add_argument("--poll-interval", type=float, default=30.0, help="seconds between status checks")
     parser.add_argument("--no-wait", action="store_true", help="start the job and print it, do not wait")
@@ -206,8 +239,8 @@ def main(argv: Sequence[str]) -> int:
         _ensure_log_group(aws.client("logs"))
         arn = aws.client("sagemaker").create_transform_job(**job.request({
             "endpoint-kind": args.endpoint, "environment": config.name}))["TransformJobArn"]
-        report(f"started {arn}: {len(job.input_keys)} input files, MultiRecord batches up to "
-               f"{job.parameters.max_payload_mb} MB, {job.instance_count} x {job.instance_type}")
+        report(f"started {arn}: {len(job.input_keys)} input files, {job.parameters.describe()}, "
+               f"{job.invocation_timeout_s} s per request, {job.instance_count} x {job.instance_type}")
         result = {"job": job.job_name, "arn": arn, "input": job.input.uri, "output": job.output.uri}
         if args.no_wait:
             print(json.dumps({**result, "status": "InProgress"}))

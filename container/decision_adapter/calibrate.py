@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         after = -math.fsum(math.log(max(oof[i][rows[i].answer], 1e-300)) for i in mine) / len(mine)
         by_type[kind] = {"rows": len(mine), "temperature": temperatures[kind],
                          "nll_before": before, "nll_after_out_of_fold": after}
-    calibration = Calibration(gguf_sha256=model.identity.sha256, prompt_version=model.layout.style.version,
+    calibration = Calibration(gguf_sha256=model.identity.sha256, prompt_version=model.prompt_version,
                               temperatures=temperatures, permutations=permutations,
                               fitted={"rows": len(rows), "skipped": len(skipped), "folds": args.folds,
                                       "by_type": by_type, "sources": [str(p) for p in args.rows]})

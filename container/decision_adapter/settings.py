@@ -112,8 +112,15 @@ class Settings:
                                 "Tokens of work (to decode) that may be queued and running; a request that would "
                                 "pass it gets 503 (a request alone is always accepted).", ge=64, le=16_777_216)
     request_timeout_s: float = setting("ADAPTER_REQUEST_TIMEOUT_S", 55.0,
-                                       "Deadline of a request, below SageMaker's 60 s: past it the request gets 503 "
-                                       "and its work is dropped at the next micro-batch.", ge=0.1, le=3600.0)
+                                       "Deadline of a request from its arrival, below SageMaker's 60 s: a request that "
+                                       "cannot be answered by then at the measured speed gets 503 at once, and one "
+                                       "still running at it is stopped inside llama_decode.", ge=0.1, le=3600.0)
+    batch_timeout_s: int = setting("ADAPTER_BATCH_TIMEOUT_S", 3600,
+                                   "The InvocationsTimeoutInSeconds Batch Transform gives one mini-batch (what "
+                                   "`python -m endpoint_client transform` sends; SageMaker allows 1 to 3600). A "
+                                   "multi-record request is one unit of work answered within 90% of it, and "
+                                   "/execution-parameters sizes MaxPayloadInMB from the measured speed to fill half "
+                                   "of that.", ge=1, le=3600)
     retry_after_s: int = setting("ADAPTER_RETRY_AFTER_S", 1, "Retry-After seconds sent with a busy 503.",
                                  ge=0, le=3600)
 
@@ -140,16 +147,10 @@ class Settings:
         return self.queue_depth + 2
 
     @property
-    def max_concurrent_transforms(self) -> int:
-        """Batch Transform's MaxConcurrentTransforms: the requests the server admits at once; the scheduler
-        answers their records one job after another, each under the request deadline."""
-        return self.queue_depth
-
-    @property
-    def max_payload_mb(self) -> int:
-        """Batch Transform's MaxPayloadInMB: the body limit in whole MiB (SageMaker reads 0 as unlimited, so
-        at least 1: keep ADAPTER_MAX_BODY_BYTES at 1 MiB or more for Batch Transform)."""
-        return max(1, self.max_body_bytes // MIB)
+    def batch_budget_s(self) -> float:
+        """Seconds a multi-record request may take from its arrival: 90% of ADAPTER_BATCH_TIMEOUT_S, the rest
+        left for reading the body and writing the answer before SageMaker's invocation timeout."""
+        return 0.9 * self.batch_timeout_s
 
     @classmethod
     def fields(cls) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .decisions.calibration import CalibrationError
 from .decisions.calibration import load as load_calibration
-from .decisions.model import DecisionModel, Limits, ModelIncompatible, ScoringEngine
+from .decisions.model import DecisionModel, Limits, ModelIncompatible, ScoringEngine, prompt_layout
 from .decisions.model_files import ModelFilesError, find_gguf, verify
 from .decisions.prompt import STYLES
 from .engine.scheduler import Scheduler
@@ -64,21 +64,21 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
-    style = STYLES[settings.prompt_style]
-    calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256,
-                                   prompt_version=style.version) if calibrated else None
     if engine is None:
         from .engine.core import Engine
 
         engine = Engine(str(gguf), engine_options(settings))
+    layout = prompt_layout(engine, STYLES[settings.prompt_style])
+    calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
+                                   permutations=settings.permutations) if calibrated else None
     runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
                "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
-               "kv_cache_type": settings.kv_cache_type, "prompt_version": style.version}
+               "kv_cache_type": settings.kv_cache_type}
     scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
     try:
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
-                              served_id=settings.model_id.strip(), style=style, calibration=calibration,
+                              served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
                               default_permutations=settings.permutations)
         model.probe()
     except BaseException:

@@ -26,6 +26,8 @@ class FakeEngine:
     eos_text = "<|im_end|>"
     control_texts = CONTROL
     ctx_tokens = 4096
+    train_ctx_tokens = 8192
+    max_piece_bytes = 12  # the longest control text
     architecture = "fake"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
 
@@ -33,16 +35,17 @@ class FakeEngine:
                  logits: Callable[[int], list[float]] | None = None):
         self.model_path = str(model_path)
         self.resident_tokens = 0
+        self.head: tuple[int, ...] = ()
         self.on_score = on_score
         self.logits = logits or (lambda n: [-float(i) for i in range(n)])
         self.calls = 0
         self.scoring = threading.Event()
 
-    def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]:
+    def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]:
         out: list[int] = []
         i = 0
         while i < len(text):
-            for n, control in enumerate(CONTROL):
+            for n, control in enumerate(CONTROL if special else ()):
                 if text.startswith(control, i):
                     out.append(256 + n)
                     i += len(control)
@@ -57,20 +60,30 @@ class FakeEngine:
 
     def keep_resident(self, tokens: Sequence[int]) -> None:
         self.resident_tokens = len(tokens)
+        self.head = tuple(tokens)
 
     limits = Limits(batch_tokens=512, cells=4096, sequences=32)
 
     def job_spec(self, prompts, tries, state=None) -> JobSpec:
+        """As the real engine's: the resident head where every prompt starts with it, then the state."""
         common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
-        return JobSpec(tuple(map(tuple, prompts)), tuple(tries), 0, common if state is None else min(state[1], common))
+        head = len(self.head) if all(tuple(p[:len(self.head)]) == self.head for p in prompts) else 0
+        return JobSpec(tuple(map(tuple, prompts)), tuple(tries), head,
+                       max(head, common if state is None else min(state[1], common)))
 
     def plan(self, spec: JobSpec):
         return plan_job(spec, self.limits)
 
     lock = threading.Lock()
 
+    def answer_from_cache(self, spec: JobSpec):
+        return None  # the fake keeps no cache: every job reaches step()
+
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> "FakeJob":
         return FakeJob(spec, sum(len(p) for p in spec.prompts))
+
+    def abort(self) -> None:
+        self.aborted = True
 
     def step(self, job: "FakeJob") -> bool:
         job.result = self._score(job.spec)

@@ -12,7 +12,6 @@ from decision_adapter.server.app import create_app
 from decision_adapter.decisions.calibration import (FILE_NAME, Calibration, CalibrationError, Row, fit, fit_temperature,
                                           group_folds, load, nll, out_of_fold)
 from decision_adapter.decisions.model_files import find_gguf, sha256_of
-from decision_adapter.decisions.prompt import PROMPT_VERSION
 from decision_adapter.engine.readout import softmax
 
 
@@ -57,10 +56,26 @@ def test_folds_keep_every_group_whole_and_out_of_fold_never_sees_its_own_rows():
     assert out_of_fold(tampered, 5)[held[0]] == pytest.approx(softmax([x / t for x in tampered[held[0]].logits]))
 
 
+PROMPT_VERSION = "plain-0123456789ab"
+
+
+@pytest.fixture(scope="module")
+def served_version(app) -> str:
+    """The prompt version the embedded model's server renders (its template, style, layout and wording)."""
+    return app.extensions["decision_adapter"].readiness.model.prompt_version
+
+
 def write(folder, **changes) -> None:
     calibration = Calibration(gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION,
                               temperatures={"choice": 2.0, "noul": 0.5})
     (folder / FILE_NAME).write_text(dataclasses.replace(calibration, **changes).to_json())
+
+
+def test_a_file_for_another_number_of_orderings_is_refused(tmp_path):
+    write(tmp_path, permutations=4)
+    assert load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION, permutations=4).permutations == 4
+    with pytest.raises(CalibrationError, match="fitted on answers averaged over 4 orderings; ADAPTER_PERMUTATIONS is 1"):
+        load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION, permutations=1)
 
 
 def test_a_file_for_another_model_or_prompt_is_refused(tmp_path):
@@ -98,12 +113,12 @@ def test_the_server_refuses_to_turn_ready_with_a_calibration_for_another_model(m
     assert "fitted for the GGUF with sha256 ffff" in ping.get_json()["detail"]
 
 
-def test_calibrated_answers_scale_the_logits_and_name_the_calibration(model_copy, settings, example):
+def test_calibrated_answers_scale_the_logits_and_name_the_calibration(model_copy, settings, example, served_version):
     folder, digest = model_copy
     raw_app = create_app(dataclasses.replace(settings, model_dir=str(folder)))
     assert raw_app.extensions["decision_adapter"].readiness.wait(120)
     raw = raw_app.test_client().post("/invocations", json=example).get_json()["result"]
-    write(folder, gguf_sha256=digest)
+    write(folder, gguf_sha256=digest, prompt_version=served_version)
     app = create_app(dataclasses.replace(settings, model_dir=str(folder)))
     assert app.extensions["decision_adapter"].readiness.wait(120)
     result = app.test_client().post("/invocations", json=example).get_json()["result"]
@@ -111,10 +126,25 @@ def test_calibrated_answers_scale_the_logits_and_name_the_calibration(model_copy
     assert result["option_logits"] == raw["option_logits"], "the raw values stay"
     assert result["probabilities"] == pytest.approx(softmax([x / 2.0 for x in raw["option_logits"]]), abs=1e-12)
     assert result["calibration"] == {"temperature": 2.0, "type": "choice", "gguf_sha256": digest,
-                                     "prompt_version": PROMPT_VERSION}
+                                     "prompt_version": served_version}
     answer = app.test_client().post("/v1/systemone", json={
         "model": "jev-latest", "state": example["decision"]["state"],
         "questions": {"q": {"type": "noul", "instructions": "Is it about a password?"}}}).get_json()["answers"]["q"]
     assert answer["x_calibration"]["temperature"] == 0.5 and answer["x_calibration"]["type"] == "noul"
     assert 0.0 < answer["noul"] < 1.0 and math.isfinite(answer["noul"])
     assert "calibration" not in raw, "the uncalibrated server names none"
+    # A temperature fitted with one ordering does not apply to an answer averaged over four: the answer says so.
+    averaged = app.test_client().post("/invocations", json={"decision": {**example["decision"], "permutations": 4}})
+    averaged = averaged.get_json()["result"]
+    assert "calibration" not in averaged
+    assert "not calibrated: calibration.json was fitted with 1 orderings, this question asked for 4" in averaged["readout"]
+    assert averaged["probabilities"] == pytest.approx(softmax(averaged["option_logits"]), abs=1e-12)
+
+
+def test_the_server_refuses_a_calibration_fitted_for_other_orderings(model_copy, settings, served_version):
+    folder, digest = model_copy
+    write(folder, gguf_sha256=digest, prompt_version=served_version, permutations=2)
+    app = create_app(dataclasses.replace(settings, model_dir=str(folder)))
+    assert app.extensions["decision_adapter"].readiness.wait(120)
+    ping = app.test_client().get("/ping")
+    assert ping.status_code == 503 and "ADAPTER_PERMUTATIONS is 1" in ping.get_json()["detail"]

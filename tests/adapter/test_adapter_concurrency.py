@@ -108,7 +108,7 @@ def test_a_request_past_its_deadline_gets_503_and_the_model_goes_on(settings, ex
 def test_a_job_that_fails_in_the_executor_fails_only_its_own_request(settings, engine, example):
     app = create_app(dataclasses.replace(settings, state_cache_mb=0), engine)
     model = app.extensions["decision_adapter"].readiness.model
-    poison = engine.tokenize("POISONED", whole_prompt=False)
+    poison = engine.tokenize("POISONED")
     run_step = engine._executor.run_step
 
     def failing(step, memory, blobs, outcome):

@@ -265,9 +265,9 @@ def test_bad_input_gets_a_4xx_that_names_the_field(tight_client, body, content_t
 
 def test_prompt_budget_error_gives_the_count_and_the_limit(tight_client):
     error = post(tight_client, ex(state=long_text(300))).get_json()["error"]
-    assert error.startswith("decision renders to a prompt of ")
-    count = int(error.split("prompt of ")[1].split(" tokens")[0])
-    assert count > 400
+    assert error.startswith("decision renders to a prompt of more than ") and error.endswith("over the limit of 400")
+    count = int(error.split("prompt of more than ")[1].split(" tokens")[0])
+    assert count >= 400
 
 
 def test_unknown_route_and_method_answer_json(client):

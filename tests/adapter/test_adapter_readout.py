@@ -17,7 +17,7 @@ import llama_cpp as llama
 import numpy as np
 import pytest
 
-from decision_adapter.decisions.labels import labels_for
+from decision_adapter.decisions.model import Question
 from decision_adapter.decisions.model_files import find_gguf
 
 STATE = "A customer of a cloud service writes in to ask which of the teams should handle the request."
@@ -109,10 +109,10 @@ def test_chain_rule_readout_equals_each_label_scored_on_its_own(client, app, ind
     result = response.get_json()["result"]
 
     model = app.extensions["decision_adapter"].readiness.model
-    labels = labels_for(n)
-    prompt = model.render(STATE, decision["question"], labels, [o["description"] for o in decision["options"]])
-    tokens = model.engine.tokenize(prompt)
-    start, end = model.state_span(STATE, tokens)
+    prepared = model.prepare([Question(("decision",), STATE, decision["question"],
+                                       tuple(o["description"] for o in decision["options"]), (), (), ())])
+    [tokens] = prepared.tokens
+    start, end = prepared.state
     sequences = model.trie(n).sequences
     assert {len(s) for s in sequences} == {2}
     side_by_side = independent.label_probabilities(tokens, [start, end], sequences, side_by_side=True)

@@ -113,7 +113,7 @@ def test_label_that_is_not_one_token_fails_start_up(tmp_path, settings):
     engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
     tokenize, piece = engine.tokenize, engine.piece
     # "C" becomes itself plus a zero-width token: it still spells "C", in two tokens.
-    engine.tokenize = lambda text, whole_prompt=True: [t for c in tokenize(text) for t in ((c, 0) if c == ord("C") else (c,))]
+    engine.tokenize = lambda text, **kw: [t for c in tokenize(text, **kw) for t in ((c, 0) if c == ord("C") else (c,))]
     engine.piece = lambda token: b"" if token == 0 else piece(token)
     ping = create_app(settings, engine).test_client().get("/ping")
     assert ping.status_code == 503

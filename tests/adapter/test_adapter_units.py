@@ -190,8 +190,8 @@ def test_the_state_span_runs_from_the_head_to_the_question_heading_whatever_the_
     alone = fake_model.prepare([question(state="the state", text="Which team?")])
     together = fake_model.prepare([question(state="the state", text=t) for t in ("Which team?", "Which language?")])
     engine = fake_model.engine
-    head = len(engine.tokenize(fake_model.layout.head))
-    end = len(engine.tokenize(fake_model.layout.head + "the state" + "\n\nQuestion:\n"))
+    head = len(engine.tokenize(fake_model.layout.head, special=True, bos=True))
+    end = head + len(engine.tokenize("the state" + "\n\nQuestion:\n"))
     assert alone.state == together.state == (head, end) and head == engine.resident_tokens
     assert common_prefix(together.tokens) > end, "the questions share 'Which ' beyond the state"
     fake_model.score(together)

@@ -119,3 +119,23 @@ def test_the_concurrency_benchmark_measures_both_paths_at_each_level(tmp_path):
             assert block["latency"]["n"] == 4
     assert result["levels"]["2"]["decision"]["wall_vs_serial"] > 0
     assert "| 2 | " in (tmp_path / "concurrency.md").read_text()
+
+
+def test_a_batch_transform_job_driven_as_sagemaker_drives_it_holds(tmp_path):
+    """The shorter variant of `make bench`'s transform run: two mini-batches of distinct records, every tenth one
+    that can never be answered, sent the way SageMaker sends them (GET /execution-parameters, then whole lines,
+    MaxConcurrentTransforms at a time, each request failed past the invocation timeout)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.transform", "--strategy", "MULTI_RECORD",
+                           "--payload-kb", "16", "--batches", "2", "--never-fits-every", "10", "--timeout", "600",
+                           "--threads", "2", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "transform.json").read_text())
+    assert result["execution_parameters"]["MaxConcurrentTransforms"] == 1
+    assert result["execution_parameters"]["BatchStrategy"] in ("MULTI_RECORD", "SINGLE_RECORD")
+    batches = result["mini_batches"]
+    assert len(batches) == 2 and all(b["status"] == 200 and b["on_time"] for b in batches)
+    assert all(b["answered"] + b["error_lines"] == b["records"] > 10 for b in batches), "a line for every record"
+    assert result["error_lines"] == result["records"] // 10, "the records that never fit, and only those"
+    assert result["held"] and "every mini-batch answered in time with a line per record: yes" in \
+        (tmp_path / "transform.md").read_text()

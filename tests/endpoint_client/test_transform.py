@@ -39,15 +39,17 @@ def test_a_job_runs_the_stacks_model_over_json_lines_and_reports_the_output(depl
     assert result["output"] == f"s3://{deployment.bucket}/batch/output/decision-dev-cpu-test1/"
     job = deployment.client("sagemaker").describe_transform_job(TransformJobName="decision-dev-cpu-test1")
     assert job["ModelName"] == endpoint_stack
-    assert (job["BatchStrategy"], job["MaxPayloadInMB"]) == ("MultiRecord", 6)
-    assert "MaxConcurrentTransforms" not in job    # SageMaker asks the container's /execution-parameters
+    # SageMaker asks the container's /execution-parameters, which sizes batches from the speed it measured.
+    assert not {"BatchStrategy", "MaxPayloadInMB", "MaxConcurrentTransforms"} & {k for k, v in job.items() if v}
+    assert job["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 3600, "InvocationsMaxRetries": 1}
     assert job["TransformInput"] == {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": source}},
                                      "ContentType": "application/jsonlines", "SplitType": "Line",
                                      "CompressionType": "None"}
     assert job["TransformOutput"] == {"S3OutputPath": result["output"], "Accept": "application/jsonlines",
                                       "AssembleWith": "Line"}
     assert job["TransformResources"] == {"InstanceType": "ml.c7i.xlarge", "InstanceCount": 1}
-    assert "2 input files, MultiRecord batches up to 6 MB, 1 x ml.c7i.xlarge" in err
+    assert ("2 input files, batches as the container's /execution-parameters says, 3600 s per request, "
+            "1 x ml.c7i.xlarge") in err
     assert "Completed: 0/2 input files done" in err and f"results in {result['output']}" in err
     groups = deployment.client("logs").describe_log_groups(logGroupNamePrefix="/aws/sagemaker/TransformJobs")
     assert [g["logGroupName"] for g in groups["logGroups"]] == ["/aws/sagemaker/TransformJobs"]
@@ -77,21 +79,39 @@ def container():
     server.shutdown()
 
 
-def test_the_containers_execution_parameters_are_used(deployment, endpoint_stack, container, capsys):
+@pytest.mark.parametrize("answer, expected", [
+    ({"MaxConcurrentTransforms": 1, "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 2}, ("MultiRecord", 2, 1)),
+    ({"MaxConcurrentTransforms": 1, "BatchStrategy": "SINGLE_RECORD", "MaxPayloadInMB": 6}, ("SingleRecord", 6, 1)),
+])
+def test_the_containers_execution_parameters_are_used(deployment, endpoint_stack, container, capsys, answer,
+                                                      expected):
     server, url = container
-    ExecutionParametersHandler.answer = {"MaxConcurrentTransforms": 2, "BatchStrategy": "MULTI_RECORD",
-                                         "MaxPayloadInMB": 8}
+    ExecutionParametersHandler.answer = answer
     code, out, err = run(deployment, "--input", put_inputs(deployment), "--job-name", "decision-dev-cpu-test2",
                          "--execution-parameters", url, "--no-wait", capsys=capsys)
     assert code == 0, err
     assert json.loads(out)["status"] == "InProgress"
     job = deployment.client("sagemaker").describe_transform_job(TransformJobName="decision-dev-cpu-test2")
-    assert (job["MaxPayloadInMB"], job["MaxConcurrentTransforms"]) == (8, 2)
+    assert (job["BatchStrategy"], job["MaxPayloadInMB"], job["MaxConcurrentTransforms"]) == expected
+
+
+def test_each_request_gets_the_budget_the_models_container_works_to(deployment, endpoint_stack, capsys):
+    sagemaker = deployment.client("sagemaker")
+    model = sagemaker.describe_model(ModelName=endpoint_stack)
+    sagemaker.delete_model(ModelName=endpoint_stack)
+    sagemaker.create_model(ModelName=endpoint_stack, ExecutionRoleArn=model["ExecutionRoleArn"],
+                           PrimaryContainer={**model["PrimaryContainer"],
+                                             "Environment": {"ADAPTER_BATCH_TIMEOUT_S": "1200"}})
+    code, _, err = run(deployment, "--input", put_inputs(deployment), "--job-name", "decision-dev-cpu-test3",
+                       "--no-wait", capsys=capsys)
+    assert code == 0, err
+    job = sagemaker.describe_transform_job(TransformJobName="decision-dev-cpu-test3")
+    assert job["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 1200, "InvocationsMaxRetries": 1}
 
 
 @pytest.mark.parametrize("answer, extra, message", [
-    ({"MaxConcurrentTransforms": 1, "BatchStrategy": "SINGLE_RECORD", "MaxPayloadInMB": 6}, [],
-     "answers BatchStrategy 'SINGLE_RECORD'; this runner sends MultiRecord batches"),
+    ({"MaxConcurrentTransforms": 1, "BatchStrategy": "ALL_AT_ONCE", "MaxPayloadInMB": 6}, [],
+     "answers BatchStrategy 'ALL_AT_ONCE', not one of MULTI_RECORD, SINGLE_RECORD"),
     ({"BatchStrategy": "MULTI_RECORD"}, [], "answers no MaxPayloadInMB"),
     ({"BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": 6}, ["--max-payload-mb", "10"],
      "--max-payload-mb 10 is above the container's 6"),
@@ -148,7 +168,7 @@ def started_job(deployment, endpoint_stack, name):
                         output=S3Location(deployment.bucket, f"batch/output/{name}/"),
                         input_keys=("batch/input/run1/a.jsonl", "batch/input/run1/sub/b.jsonl"),
                         instance_type="ml.c7i.xlarge", instance_count=1,
-                        parameters=ExecutionParameters(6, None))
+                        parameters=ExecutionParameters("MultiRecord", 6, None))
     deployment.client("sagemaker").create_transform_job(**job.request({}))
     return job
 

@@ -3,6 +3,7 @@ with or without the calibration.json a pin names."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tarfile
@@ -14,7 +15,6 @@ from decision_adapter.decisions import calibration as adapter_calibration
 from decision_adapter.decisions import model_files
 from decision_adapter.server.app import create_app
 from decision_adapter.decisions.calibration import Calibration
-from decision_adapter.decisions.prompt import PROMPT_VERSION
 from decision_adapter.settings import Settings
 from model_build import calibration as build_calibration
 from model_build import manifest as build_manifest
@@ -36,9 +36,22 @@ def _started(model_dir: Path):
     return app, state
 
 
+@functools.lru_cache(maxsize=1)
+def served_prompt_version() -> str:
+    """The prompt version the adapter serves the embedded model with: its template's head and tail, the default
+    style, the payload layout (what `python -m decision_adapter.calibrate` writes into calibration.json)."""
+    from decision_adapter.decisions.model import prompt_layout
+    from decision_adapter.decisions.prompt import DEFAULT_STYLE, STYLES
+    from decision_adapter.engine.core import Engine, EngineOptions
+
+    gguf = model_files.find_gguf(model_files.embedded_model_dir())
+    with Engine(str(gguf), EngineOptions(threads=1, ctx_tokens=512, state_cache_bytes=0)) as engine:
+        return prompt_layout(engine, STYLES[DEFAULT_STYLE]).version
+
+
 def _fitted_calibration(gguf_sha256: str) -> str:
     """calibration.json as `python -m decision_adapter.calibrate` writes it, for this adapter's prompt."""
-    return Calibration(gguf_sha256=gguf_sha256, prompt_version=PROMPT_VERSION,
+    return Calibration(gguf_sha256=gguf_sha256, prompt_version=served_prompt_version(),
                        temperatures={"choice": CHOICE_TEMPERATURE, "noul": 0.7}, permutations=1,
                        fitted={"rows": 40, "folds": 5}).to_json()
 
@@ -95,7 +108,7 @@ def test_adapter_serves_an_archive_with_a_matching_calibration_calibrated(calibr
         assert response.status_code == 200, response.get_data(as_text=True)
         result = response.get_json()["result"]
         assert result["calibration"] == {"temperature": CHOICE_TEMPERATURE, "type": "choice",
-                                         "gguf_sha256": embedded_gguf.sha256, "prompt_version": PROMPT_VERSION}
+                                         "gguf_sha256": embedded_gguf.sha256, "prompt_version": served_prompt_version()}
         logits = result["option_logits"]
         assert result["probabilities"] == pytest.approx(_softmax([x / CHOICE_TEMPERATURE for x in logits]))
         # Guards the check above: at this temperature the calibrated and raw probabilities differ.
@@ -157,7 +170,7 @@ def test_a_calibration_the_adapter_writes_passes_the_pin_check(embedded_gguf, tm
                                                 problems)
 
     assert problems == []
-    assert (pinned.data, pinned.prompt_version) == (path.read_bytes(), PROMPT_VERSION)
+    assert (pinned.data, pinned.prompt_version) == (path.read_bytes(), served_prompt_version())
 
 
 def _softmax(values: list[float]) -> list[float]:

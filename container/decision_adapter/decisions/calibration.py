@@ -61,8 +61,9 @@ class Calibration:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
 
 
-def load(folder: Path, *, gguf_sha256: str, prompt_version: str) -> Calibration | None:
-    """The folder's calibration, or None without one; refuses one fitted for another model or prompt."""
+def load(folder: Path, *, gguf_sha256: str, prompt_version: str, permutations: int | None = None) -> Calibration | None:
+    """The folder's calibration, or None without one; refuses one fitted for another model or prompt, or (when
+    ``permutations`` is given: the server's default) for another number of orderings."""
     path = Path(folder) / FILE_NAME
     if not path.exists():
         return None
@@ -79,6 +80,10 @@ def load(folder: Path, *, gguf_sha256: str, prompt_version: str) -> Calibration 
     if calibration.prompt_version != prompt_version:
         raise CalibrationError(f"{FILE_NAME} was fitted for prompt version {calibration.prompt_version!r}, "
                                f"this adapter renders version {prompt_version!r}; fit it again")
+    if permutations is not None and calibration.permutations != permutations:
+        raise CalibrationError(f"{FILE_NAME} was fitted on answers averaged over {calibration.permutations} "
+                               f"orderings; ADAPTER_PERMUTATIONS is {permutations}: fit it again with "
+                               f"--permutations {permutations}, or set ADAPTER_PERMUTATIONS={calibration.permutations}")
     bad = {k: t for k, t in calibration.temperatures.items() if k not in QUESTION_TYPES or not 0 < t < math.inf}
     if bad:
         raise CalibrationError(f"{FILE_NAME} has invalid temperatures {bad} (types: {', '.join(QUESTION_TYPES)})")

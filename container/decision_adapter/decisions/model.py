@@ -18,13 +18,13 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..engine.errors import PlanError
 from ..engine.plan import JobSpec, Plan
-from ..engine.readout import LabelTrie, PromptScore, ScoreStats, common_prefix, log_sum_exp, softmax
+from ..engine.readout import LabelTrie, PromptScore, ScoreStats, log_sum_exp, softmax
 from ..errors import InputError, Loc
 from .calibration import Calibration
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .model_files import ModelIdentity
-from .prompt import DIGITS, QUESTION_HEADING, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, \
-    user_payload
+from .prompt import DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, question_segment, \
+    state_segment, user_payload
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
                   "(last prompt position); no tokens generated")
@@ -63,11 +63,13 @@ class ScoringEngine(Protocol):
     eos_text: str
     control_texts: tuple[str, ...]
     ctx_tokens: int
+    train_ctx_tokens: int
+    max_piece_bytes: int
 
     @property
     def resident_tokens(self) -> int: ...
 
-    def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]: ...
+    def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]: ...
 
     def piece(self, token: int) -> bytes: ...
 
@@ -78,7 +80,7 @@ class ScoringEngine(Protocol):
 
     def plan(self, spec: JobSpec) -> Plan: ...
 
-    def begin(self, spec: JobSpec, plan: Plan | None = None) -> Any: ...
+    def answer_from_cache(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats] | None: ...
 
     def close(self) -> None: ...
 
@@ -87,7 +89,7 @@ class ScoringEngine(Protocol):
 class JobScheduler(Protocol):
     """What the decision model needs of a scheduler: submit a job with a deadline, wait for its result."""
 
-    def submit(self, job: Any, timeout_s: float | None) -> Any: ...
+    def submit(self, spec: JobSpec, plan: Plan, *, deadline: float | None = None, by_tokens: bool = True) -> Any: ...
 
     def result(self, ticket: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
@@ -116,13 +118,13 @@ class Prepared:
     job that scores them (``spec``, with ``plan``, its plan as if nothing were cached)."""
 
     questions: tuple[Question, ...]
-    prompts: tuple[str, ...]
     tokens: tuple[tuple[int, ...], ...]
-    request_tokens: int
+    request_tokens: int  # what the plan decodes when nothing is cached: the state once, each prompt's own tokens
     state: tuple[int, int]  # the span of tokens every prompt has whatever its question: its state
     tries: tuple[LabelTrie, ...]
     orders: tuple[tuple[int, ...], ...]  # for each prompt, the option (request index) shown at each position
     owners: tuple[int, ...]  # for each prompt, the index of its question
+    digests: tuple[str, ...]  # for each question, the SHA-256 of its rendered prompts (NUL between orderings)
     spec: JobSpec
     plan: Plan
 
@@ -154,32 +156,42 @@ class Answered:
     queue_s: float
 
 
+def prompt_layout(engine: ScoringEngine, style: PromptStyle) -> PromptLayout:
+    """The model's prompt layout for ``style``, rendered once from its chat template (its ``version`` is what a
+    calibration is bound to); ModelIncompatible when the template cannot render a decision."""
+    try:
+        return PromptLayout(ChatTemplate(engine.chat_template, bos_token=engine.bos_text, eos_token=engine.eos_text),
+                            style)
+    except TemplateError as exc:
+        raise ModelIncompatible(str(exc)) from None
+
+
 class DecisionModel:
     def __init__(self, engine: ScoringEngine, scheduler: JobScheduler, identity: ModelIdentity, limits: Limits,
-                 runtime: dict[str, Any], *, served_id: str = "", style: PromptStyle | None = None,
+                 runtime: dict[str, Any], *, served_id: str = "", layout: PromptLayout | None = None,
                  calibration: Calibration | None = None, default_permutations: int = 1):
         self.engine = engine
         self.scheduler = scheduler
         self.served_id = served_id or identity.file.removesuffix(".gguf")
         self.identity = identity
         self.limits = limits
-        self.calibration = calibration  # a calibration.json fitted for this GGUF and prompt, if any
+        self.calibration = calibration  # a calibration.json fitted for this GGUF, prompt and orderings, if any
         self.default_permutations = default_permutations  # ADAPTER_PERMUTATIONS
-        try:
-            self.layout = PromptLayout(ChatTemplate(engine.chat_template, bos_token=engine.bos_text,
-                                                    eos_token=engine.eos_text), style or STYLES["plain"])
-            head = self.layout.head
-        except TemplateError as exc:
-            raise ModelIncompatible(str(exc)) from None
-        self._head = head
-        self._head_tokens = engine.tokenize(head)
-        # What request validation refuses in text the model reads: the texts of the model's control tokens.
+        self.layout = layout or prompt_layout(engine, STYLES["plain"])
+        self.prompt_version = self.layout.version
+        # Every prompt is head + state + question + tail; the head and the tail are the template's own text, so
+        # their special tokens are parsed; the state and the question are the request's, tokenized as text.
+        self._head_tokens = tuple(engine.tokenize(self.layout.head, special=True, bos=True))
+        self._tail_tokens = tuple(engine.tokenize(self.layout.tail, special=True))
+        # What request validation refuses in text the model reads: the texts of the model's special tokens.
         self.control_tokens = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
                                if engine.control_texts else None)
+        self.prompt_ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
         self._label_tokens = self._check_labels()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
         engine.keep_resident(self._head_tokens)
-        self.model_info = {**identity.as_dict(), **runtime}
+        self.model_info = {**identity.as_dict(), **runtime, "prompt_version": self.prompt_version}
+        self.text_bytes_per_token: float | None = None  # measured by the probe
 
     def close(self) -> None:
         """Stop the scheduler (its queued jobs run first) and free the engine."""
@@ -189,15 +201,15 @@ class DecisionModel:
     # ---- start-up checks -----------------------------------------------------------------------
 
     def _check_labels(self) -> dict[str, tuple[int, ...]]:
-        """Each label's tokens where the answer begins; fails unless appending a label keeps the prompt's
-        tokens, the label's tokens spell it exactly, single labels are one token each, and no label's
+        """Each label's tokens where the answer begins (after the tail); fails unless appending a label keeps
+        the tail's tokens, the label's tokens spell it exactly, single labels are one token each, and no label's
         tokens are a prefix of another's."""
-        probe = self.render(PROBE_STATE, PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
-        base = self.engine.tokenize(probe)
+        tail = self.layout.tail
+        base = list(self._tail_tokens)
         found: dict[str, tuple[int, ...]] = {}
         digits = DIGITS if self.layout.style.score_digits else ()
         for label in SINGLE + PAIRED + digits:
-            tokens = self.engine.tokenize(probe + label)
+            tokens = self.engine.tokenize(tail + label, special=True)
             if tokens[:len(base)] != base:
                 raise ModelIncompatible(f"appending the answer label {label!r} changes how the prompt tokenizes")
             own = tuple(tokens[len(base):])
@@ -228,63 +240,88 @@ class DecisionModel:
     max_options = MAX_OPTIONS
 
     def render(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+        """The whole prompt's text (its SHA-256 is the answer's ``prompt_sha256``)."""
         return self.layout.render(user_payload(state, question, labels, options))
 
     def prepare(self, questions: Sequence[Question]) -> Prepared:
-        """Render, tokenize and plan; refuse over-budget prompts before any evaluation. The text is validated
-        already (the protocols refuse the model's control tokens where they parse the request)."""
-        owners, orders = [], []
-        for i, q in enumerate(questions):
-            for order in orderings(q.option_keys or q.options, q.permutations or self.default_permutations):
-                owners.append(i)
-                orders.append(order)
-        prompts = tuple(self.render(questions[i].state, questions[i].question,
-                                    self.labels(len(order), questions[i].kind),
-                                    [questions[i].options[j] for j in order]) for i, order in zip(owners, orders))
-        tokens = tuple(tuple(self.engine.tokenize(p)) for p in prompts)
-        ceiling = min(self.limits.max_prompt_tokens, self.engine.ctx_tokens - 2)
-        for i, t in zip(owners, tokens):
-            if len(t) > ceiling:
-                raise InputError(questions[i].loc, f"renders to a prompt of {len(t)} tokens, over the limit of "
-                                 f"{ceiling}", kind="value_error.prompt_too_long")
-        resident = min(self.engine.resident_tokens, common_prefix(tokens))
-        shared = common_prefix(tokens) if len(tokens) > 1 else resident
-        request_tokens = (shared - resident) + sum(len(t) - shared for t in tokens)
+        """Tokenize and plan the questions over their one state; refuse over-budget prompts before any
+        evaluation, in bounded memory: the state is sized from its bytes before it is tokenized (once), then each
+        question's prompt in each ordering is tokenized on its own, stopping at the first over a limit. The
+        text is validated already (the protocols refuse the model's special tokens where they parse it)."""
+        if len({q.state for q in questions}) != 1:
+            raise ValueError("the questions of one request share one state")
+        first = questions[0]
+        where = first.loc[:-1] if len(questions) > 1 else first.loc
+        ceiling = self.prompt_ceiling
+        head, tail = self._head_tokens, self._tail_tokens
+        state_text = state_segment(first.state)
+        fixed = len(head) + len(tail) + 1  # every prompt also has at least one token of its own question
+        self._bound(first.loc, state_text, ceiling - fixed)
+        state = tuple(self.engine.tokenize(state_text))
+        if len(head) + len(state) + len(tail) + 1 > ceiling:
+            raise InputError(first.loc, f"renders to a prompt of more than {len(head) + len(state) + len(tail)} "
+                             f"tokens, over the limit of {ceiling}", kind="value_error.prompt_too_long")
+        request_tokens = len(state)  # the head is resident: never decoded for a request
         if request_tokens > self.limits.max_request_tokens:
-            raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc,
-                             f"needs {request_tokens} tokens of evaluation, over the request limit of "
-                             f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
-        # Questions over one state (a System One request, shared decisions) tokenize its prefix once.
-        prefixes = {state: self._state_prefix(state) for state in dict.fromkeys(q.state for q in questions)}
-        spans = [self._span(prefixes[questions[i].state], t) for i, t in zip(owners, tokens)]
-        span = (min(s for s, _ in spans), min(e for _, e in spans))
-        tries = tuple(self.trie(len(order), questions[i].kind) for i, order in zip(owners, orders))
+            raise self._over_request(where, request_tokens)
+        head_bytes, state_bytes, tail_bytes = (t.encode("utf-8") for t in (self.layout.head, state_text,
+                                                                            self.layout.tail))
+        tokens, tries, orders, owners, digests = [], [], [], [], []
+        for i, q in enumerate(questions):
+            digest = hashlib.sha256()
+            for k, order in enumerate(orderings(q.option_keys or q.options, q.permutations or self.default_permutations)):
+                labels = self.labels(len(order), q.kind)
+                text = question_segment(q.question, labels, [q.options[j] for j in order])
+                self._bound(q.loc, text, ceiling - len(head) - len(state) - len(tail))
+                own = tuple(self.engine.tokenize(text)) + tail
+                prompt_tokens = len(head) + len(state) + len(own)
+                if prompt_tokens > ceiling:
+                    raise InputError(q.loc, f"renders to a prompt of {prompt_tokens} tokens, over the limit of "
+                                     f"{ceiling}", kind="value_error.prompt_too_long")
+                trie = self.trie(len(order), q.kind)
+                request_tokens += len(own) + sum(len(path) for path in trie.inner_nodes)
+                if request_tokens > self.limits.max_request_tokens:
+                    raise self._over_request(where, request_tokens)
+                tokens.append(head + state + own)
+                tries.append(trie)
+                orders.append(order)
+                owners.append(i)
+                digest.update(b"\0" if k else b"")
+                for part in (head_bytes, state_bytes, text.encode("utf-8"), tail_bytes):
+                    digest.update(part)
+            digests.append(digest.hexdigest())
+        span = (len(head), len(head) + len(state))
         spec = self.engine.job_spec(tokens, tries, span)
         try:
             plan = self.engine.plan(spec)
         except PlanError as exc:
-            raise InputError(questions[0].loc[:-1] if len(questions) > 1 else questions[0].loc, str(exc),
-                             kind="value_error.request_too_large") from None
-        return Prepared(tuple(questions), prompts, tokens, request_tokens, span, tries, tuple(orders), tuple(owners),
-                        spec, plan)
+            raise InputError(where, str(exc), kind="value_error.request_too_large") from None
+        return Prepared(tuple(questions), tuple(tokens), request_tokens, span, tuple(tries), tuple(orders),
+                        tuple(owners), tuple(digests), spec, plan)
 
-    def state_span(self, state: str, tokens: Sequence[int]) -> tuple[int, int]:
-        """Where a prompt's state begins and ends in its tokens: after the head, up to and including the
-        question heading, as far as the prompt keeps those tokens. The span does not depend on the
-        question: it is the prefix the state cache keeps and every question of the state forks from."""
-        return self._span(self._state_prefix(state), tokens)
+    def _bound(self, loc: Loc, text: str, room: int) -> None:
+        """Refuse ``text`` without tokenizing it when its bytes alone prove it longer than ``room`` tokens (no
+        token spells more than the vocabulary's longest piece): tokenizing is then bounded in time and memory."""
+        at_least = -(-len(text.encode("utf-8")) // self.engine.max_piece_bytes)
+        if at_least > room:
+            raise InputError(loc, f"renders to a prompt of more than {self.prompt_ceiling} tokens (this text alone "
+                             f"is at least {at_least}), over the limit of {self.prompt_ceiling}",
+                             kind="value_error.prompt_too_long")
 
-    def _state_prefix(self, state: str) -> list[int]:
-        return self.engine.tokenize(self._head + state + QUESTION_HEADING)
+    def _over_request(self, loc: Loc, tokens: int) -> InputError:
+        return InputError(loc, f"needs at least {tokens} tokens of evaluation, over the request limit of "
+                          f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
 
-    def _span(self, state_prefix: Sequence[int], tokens: Sequence[int]) -> tuple[int, int]:
-        start = common_prefix([self._head_tokens, tokens])
-        return start, max(start, common_prefix([state_prefix, tokens]))
-
-    def score(self, prepared: Prepared, timeout_s: float | None = None) -> Answered:
-        """Score through the scheduler within ``timeout_s`` (None: no deadline). Raises the scheduler's Busy
-        (the queue is full), DeadlineExceeded or ScoringFailed."""
-        ticket = self.scheduler.submit(self.engine.begin(prepared.spec, prepared.plan), timeout_s)
+    def score(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True) -> Answered:
+        """Score through the scheduler before ``deadline`` (``time.monotonic()``; None: none). A request whose
+        every answer is cached is answered at once, without queueing. Raises the scheduler's Busy (the queue is
+        full, or the work cannot be done before the deadline), DeadlineExceeded or ScoringFailed.
+        ``by_tokens=False``: no admission by the token budget (a record of a batch admitted as a whole)."""
+        cached = self.engine.answer_from_cache(prepared.spec)
+        if cached is not None:
+            scores, stats = cached
+            return Answered(self._results(prepared, scores), stats, 0.0)
+        ticket = self.scheduler.submit(prepared.spec, prepared.plan, deadline=deadline, by_tokens=by_tokens)
         scores, stats = self.scheduler.result(ticket)
         return Answered(self._results(prepared, scores), stats, ticket.queue_s)
 
@@ -302,19 +339,26 @@ class DecisionModel:
                 for position, option in enumerate(prepared.orders[k]):
                     row[option] = values[position] - (log_sum_exp(values) if len(mine) > 1 else 0.0)
             logits = tuple(math.fsum(row[o] for row in aligned) / len(mine) for o in range(n))
-            prompts = [prepared.prompts[k] for k in mine]
-            kind = prepared.questions[i].kind
-            calibrated = self.calibration.probabilities(logits, kind) if self.calibration else softmax(logits)
+            question = prepared.questions[i]
+            kind = question.kind
+            readout = (READOUT_SINGLE if single else READOUT_CHAIN) + (
+                f"; averaged in log space over {len(mine)} orderings of the options" if len(mine) > 1 else "")
+            # A temperature fitted on answers averaged over K orderings means nothing for another K.
+            calibration = self.calibration
+            asked = question.permutations or self.default_permutations
+            if calibration is not None and calibration.permutations != asked:
+                readout += (f"; not calibrated: calibration.json was fitted with {calibration.permutations} "
+                            f"orderings, this question asked for {asked}")
+                calibration = None
             results.append(Scored(
-                probabilities=tuple(calibrated),
+                probabilities=tuple(calibration.probabilities(logits, kind) if calibration else softmax(logits)),
                 option_logits=logits,
-                prompt_sha256=hashlib.sha256("\0".join(prompts).encode("utf-8")).hexdigest(),
+                prompt_sha256=prepared.digests[i],
                 input_tokens=sum(len(prepared.tokens[k]) for k in mine),
-                readout=(READOUT_SINGLE if single else READOUT_CHAIN) + (
-                    f"; averaged in log space over {len(mine)} orderings of the options" if len(mine) > 1 else ""),
+                readout=readout,
                 label_mass=math.fsum(scores[k].label_mass for k in mine) / len(mine),
                 top_token_is_label=all(scores[k].top_token_is_label for k in mine),
-                calibration=self.calibration.describe(kind) if self.calibration else None))
+                calibration=calibration.describe(kind) if calibration else None))
         return results
 
     def probe(self) -> Scored:
@@ -322,7 +366,12 @@ class DecisionModel:
         question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
                             tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
                             ("probe", "question"))
-        [result] = self.score(self.prepare([question])).results
+        prepared = self.prepare([question])
+        [result] = self.score(prepared).results
+        # Request text per evaluated token, for sizing Batch Transform payloads: the probe's state and question
+        # text over what the plan decodes for them (a JSON record adds ids and keys: more bytes per token).
+        text = state_segment(PROBE_STATE) + question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
+        self.text_bytes_per_token = len(text.encode("utf-8")) / prepared.request_tokens
         p = result.probabilities
         if len(p) != 3 or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
             raise ModelIncompatible(f"the probe decision gave no proper distribution: {p}")

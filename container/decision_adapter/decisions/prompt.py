@@ -4,6 +4,11 @@ The user payload puts the state first, so that every question about one state sh
 then the question, then the options labelled ``A``, ``B``, ... The prompt ends where the model's
 answer begins; the readout is the model's next-token distribution there.
 
+The template is rendered once, at load, with a placeholder where the user payload goes: what comes before it
+(the head) and after it (the tail) are fixed text, and every prompt is head + state + question + tail. User
+text never goes through the template, so it cannot change how the prompt begins or ends (a ``<think>`` in a
+state does not open a thinking block), and a template that prints today's date prints the date of the load.
+
 A ``PromptStyle`` is everything else about the wording: the system instruction, the closing line, worked
 examples shown as earlier turns of the conversation (part of the resident head, so evaluated once at load),
 and whether score levels are labelled with digits. The styles below are the candidates measured on the
@@ -68,12 +73,6 @@ class PromptStyle:
     examples: tuple[Example, ...] = ()
     score_digits: bool = False
 
-    @property
-    def version(self) -> str:
-        """What a calibration is bound to: the style's name and a digest of everything it renders."""
-        digest = hashlib.sha256(repr(self).encode("utf-8")).hexdigest()[:12]
-        return f"{self.name}-{digest}"
-
     def labels(self, n_options: int, kind: str | None) -> tuple[str, ...]:
         if self.score_digits and kind == "score" and n_options <= len(DIGITS):
             return DIGITS[:n_options]
@@ -88,7 +87,15 @@ STYLES = {style.name: style for style in (
     PromptStyle("exact-examples-digits", instruction=EXACT_INSTRUCTION, examples=EXAMPLES, score_digits=True),
 )}
 DEFAULT_STYLE = "plain"
-PROMPT_VERSION = STYLES[DEFAULT_STYLE].version
+
+# The words a question gets where the request leaves them out (System One): its instruction by type, and the
+# two options of a yes-or-no question. Part of the prompt version.
+DEFAULT_INSTRUCTIONS = {
+    "noul": "Is the following true for the state?",
+    "choice": "Which option fits the state best?",
+    "score": "Which level fits the state best?",
+}
+NOUL_OPTIONS = ("Yes", "No")
 
 
 class TemplateError(ValueError):
@@ -100,9 +107,19 @@ def state_text(state: Any) -> str:
     return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
 
 
-def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+def state_segment(state: str) -> str:
+    """The state as the prompt holds it after the head: the state and the question heading."""
+    return f"{state}{QUESTION_HEADING}"
+
+
+def question_segment(question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+    """The question as the prompt holds it after the state: the question, the labelled options, the ask."""
     lines = "\n".join(f"{label}. {text}" for label, text in zip(labels, options))
-    return f"{STATE_HEADING}{state}{QUESTION_HEADING}{question}\n\nOptions:\n{lines}\n\n{ANSWER_LINE}"
+    return f"{question}\n\nOptions:\n{lines}\n\n{ANSWER_LINE}"
+
+
+def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+    return f"{STATE_HEADING}{state_segment(state)}{question_segment(question, labels, options)}"
 
 
 class ChatTemplate:
@@ -138,14 +155,24 @@ class ChatTemplate:
         return True
 
 
-@dataclass(frozen=True)
 class PromptLayout:
-    """The rendered text around the user payload; the head is the same for every decision."""
+    """The text around the user payload, rendered once: ``head`` (template head, system instruction, worked
+    examples, the state heading) and ``tail`` (the end of the user turn and the opening of the answer, with a
+    thinking block the template leaves open closed). ``render(payload)`` is the template's rendering of a user
+    message ``payload``."""
 
-    template: ChatTemplate
-    style: PromptStyle = STYLES[DEFAULT_STYLE]
+    def __init__(self, template: ChatTemplate, style: PromptStyle = STYLES[DEFAULT_STYLE]):
+        self.template = template
+        self.style = style
+        rendered = self._render(_SENTINEL)
+        at = rendered.find(_SENTINEL)
+        if at < 0:
+            raise TemplateError("the model's chat template does not keep the user message verbatim")
+        self.prefix = rendered[:at]
+        self.tail = close_thinking(rendered)[at + len(_SENTINEL):]
+        self.head = self.prefix + STATE_HEADING
 
-    def render(self, payload: str) -> str:
+    def _render(self, payload: str) -> str:
         turns: list[dict[str, str]] = []
         for example in self.style.examples:
             labels = self.style.labels(len(example.options), example.kind)
@@ -157,16 +184,24 @@ class PromptLayout:
             messages = [{"role": "system", "content": self.style.instruction}, *turns]
         else:
             messages = [{**turns[0], "content": f"{self.style.instruction}\n\n{turns[0]['content']}"}, *turns[1:]]
-        return close_thinking(self.template.render(messages))
+        return self.template.render(messages)
+
+    def render(self, payload: str) -> str:
+        return self.prefix + payload + self.tail
 
     @property
-    def head(self) -> str:
-        """Everything before the state: template head, system instruction and the state heading."""
-        rendered = self.render(_SENTINEL)
-        at = rendered.find(_SENTINEL)
-        if at < 0:
-            raise TemplateError("the model's chat template does not keep the user message verbatim")
-        return rendered[:at] + STATE_HEADING
+    def version(self) -> str:
+        """What a calibration is bound to: the style's name and a digest of everything that makes a prompt: the
+        style, the head and tail the template gave (a date it prints included), the payload's layout with each
+        label set, and the words a question gets by default."""
+        digest = hashlib.sha256()
+        placeholders = [("choice", 3), ("score", 3), ("noul", 2), ("choice", 27)]
+        parts = [repr(self.style), self.prefix, self.tail, repr(DEFAULT_INSTRUCTIONS), repr(NOUL_OPTIONS)]
+        parts += [self.render(user_payload("<state>", "<question>", self.style.labels(n, kind),
+                                           [f"<option {i}>" for i in range(n)])) for kind, n in placeholders]
+        for part in parts:
+            digest.update(part.encode("utf-8") + b"\0")
+        return f"{self.style.name}-{digest.hexdigest()[:12]}"
 
 
 def close_thinking(rendered: str) -> str:

@@ -1,13 +1,16 @@
 """The cross-request cache: saved sequences (head and state) and whole answers, least recently used first out.
 
-Pure Python, no llama.cpp: values are bytes (a sequence serialised by ``llama_state_seq_get_data``) or
-readouts, each stored with its size. Keys are SHA-256 digests of exact token ids, so a hit means the very same
-tokens (and, for answers, the same labels). Bounded by bytes (``ADAPTER_STATE_CACHE_MB``); an entry larger than
-the whole budget is not kept.
+Pure Python, no llama.cpp: values are saved sequences (``ctypes`` arrays filled by ``llama_state_seq_get_data``,
+restored from as they are, without a copy) or readouts, each counted at the bytes it really holds. Keys are
+SHA-256 digests of exact token ids, so a hit means the very same tokens (and, for answers, the same labels).
+Bounded by bytes (``ADAPTER_STATE_CACHE_MB``); an entry larger than the whole budget is not kept. An entry a
+running job holds (``acquire`` .. ``release``) is not evicted, so the memory it takes stays counted.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import hashlib
 import sys
 import threading
@@ -27,6 +30,31 @@ def tokens_key(kind: str, tokens: Sequence[int], *extra: Iterable[Sequence[int]]
     return digest.digest()
 
 
+def size_of(value: Any) -> int:
+    """The bytes ``value`` holds: a buffer's length, or the deep size of a readout (dataclasses, tuples, numbers)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return len(value)
+    if isinstance(value, ctypes.Array):
+        return ctypes.sizeof(value)
+    seen: set[int] = set()
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return total
+
+
 @dataclass
 class CacheStats:
     hits: int = 0
@@ -34,10 +62,17 @@ class CacheStats:
     evictions: int = 0
 
 
+@dataclass
+class _Entry:
+    value: Any
+    size: int
+    pins: int = 0
+
+
 class PrefixCache:
     def __init__(self, budget_bytes: int):
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.stats = CacheStats()
@@ -54,27 +89,47 @@ class PrefixCache:
 
     def get(self, key: bytes) -> Any | None:
         with self._lock:
+            return self._find(key, pin=False)
+
+    def acquire(self, key: bytes) -> Any | None:
+        """``get``, and hold the entry until ``release``: it is not evicted while a job restores from it."""
+        with self._lock:
+            return self._find(key, pin=True)
+
+    def release(self, key: bytes) -> None:
+        with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                self.stats.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.stats.hits += 1
-            return entry[0]
+            if entry is not None and entry.pins:
+                entry.pins -= 1
+
+    def _find(self, key: bytes, *, pin: bool) -> Any | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.stats.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.stats.hits += 1
+        entry.pins += pin
+        return entry.value
 
     def put(self, key: bytes, value: Any, size: int | None = None) -> bool:
-        """Keep ``value``; evicts the least recently used entries to make room. False if it cannot fit."""
-        size = size if size is not None else _size(value)
+        """Keep ``value``; evicts the least recently used entries nobody holds to make room. False if it
+        cannot fit."""
+        size = size if size is not None else size_of(value)
         with self._lock:
-            if key in self._entries:
-                self._bytes -= self._entries.pop(key)[1]
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size
             if size > self.budget_bytes:
                 return False
-            while self._bytes + size > self.budget_bytes:
-                _, (_, freed) = self._entries.popitem(last=False)
-                self._bytes -= freed
+            for victim in [k for k, e in self._entries.items() if not e.pins]:
+                if self._bytes + size <= self.budget_bytes:
+                    break
+                self._bytes -= self._entries.pop(victim).size
                 self.stats.evictions += 1
-            self._entries[key] = (value, size)
+            if self._bytes + size > self.budget_bytes:
+                return False  # what is left is held by the running job
+            self._entries[key] = _Entry(value, size, old.pins if old is not None else 0)
             self._bytes += size
             return True
 
@@ -82,13 +137,9 @@ class PrefixCache:
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is not None:
-                self._bytes -= entry[1]
+                self._bytes -= entry.size
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
-
-
-def _size(value: Any) -> int:
-    return len(value) if isinstance(value, (bytes, bytearray)) else sys.getsizeof(value) + 64

@@ -26,8 +26,8 @@ import llama_cpp as llama
 from .cache import PrefixCache, tokens_key
 from .errors import EngineError, GpuUnavailable, RestoreFailed
 from .executor import Executor, Outcome
-from .memory import Memory
-from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, chunked, plan_job
+from .memory import Blob, Memory
+from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, Save, chunked, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix, prompt_score
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,13 @@ class Job:
 
     spec: JobSpec
     plan: Plan
-    blobs: dict[str | bytes, bytes]
+    blobs: dict[str | bytes, Blob]
     answered: dict[int, PromptScore]  # prompts answered from the cache
     answer_keys: tuple[bytes, ...]
     outcome: Outcome = field(default_factory=Outcome)
     next: int = 0  # index of the next step
+    restarts: int = 0
+    held: tuple[bytes, ...] = ()  # cache entries this job holds (released when it ends)
 
     @property
     def done(self) -> bool:
@@ -59,11 +61,12 @@ class Job:
     @property
     def tokens(self) -> int:
         """Tokens the job decodes: what it costs the model."""
-        return self.plan.shared_tokens + sum(self.plan.own_tokens) + self.plan.readout_tokens
+        return self.plan.tokens
 
     def restart(self, plan: Plan) -> None:
         self.plan, self.outcome, self.next = plan, Outcome(), 0
         self.spec = replace(self.spec, state_cached=False)
+        self.restarts += 1
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class Engine:
         self._ctx = None
         self._executor: Executor | None = None
         self._head: tuple[int, ...] = ()
-        self._head_blob: bytes | None = None
+        self._head_blob: Blob | None = None
         self.cache = PrefixCache(options.state_cache_bytes)
         _init_backend()
         check_gpu_layers(options.gpu_layers)
@@ -146,23 +149,31 @@ class Engine:
         self.eos_text = self._special_text(llama.llama_vocab_eos(self._vocab))
         template = llama.llama_model_chat_template(self._model, None)
         self.chat_template = template.decode("utf-8") if template else None
-        self.control_texts = self._control_texts()
+        self.control_texts, self.max_piece_bytes = self._read_vocabulary()
+        self.train_ctx_tokens = int(llama.llama_model_n_ctx_train(self._model))
         self.architecture = self.metadata("general.architecture") or "unknown"
 
     def _special_text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", "replace") if token >= 0 else ""
 
-    def _control_texts(self) -> tuple[str, ...]:
-        """Texts of the vocabulary's control tokens; in a prompt they would be parsed as control tokens."""
+    def _read_vocabulary(self) -> tuple[tuple[str, ...], int]:
+        """The texts of the vocabulary's special tokens (control and unknown: in a template they are parsed as
+        such; in user text they are refused), and the most bytes one token spells (what bounds how few tokens
+        a text can be: at least its bytes over this)."""
         texts = set()
         special_ids = {llama.llama_vocab_bos(self._vocab), llama.llama_vocab_eos(self._vocab),
                        llama.llama_vocab_eot(self._vocab)}
+        special = llama.LLAMA_TOKEN_ATTR_CONTROL | llama.LLAMA_TOKEN_ATTR_UNKNOWN
+        longest = 1
         for token in range(self.n_vocab):
-            if token in special_ids or llama.llama_vocab_get_attr(self._vocab, token) & llama.LLAMA_TOKEN_ATTR_CONTROL:
-                text = self.piece(token).decode("utf-8", "replace")
+            piece = self.piece(token)
+            if token in special_ids or llama.llama_vocab_get_attr(self._vocab, token) & special:
+                text = piece.decode("utf-8", "replace")
                 if text.strip():
                     texts.add(text)
-        return tuple(sorted(texts, key=lambda t: (-len(t), t)))
+            else:
+                longest = max(longest, len(piece))
+        return tuple(sorted(texts, key=lambda t: (-len(t), t))), longest
 
     def metadata(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
@@ -176,14 +187,16 @@ class Engine:
 
     # ---- vocabulary ----------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, whole_prompt: bool = True) -> list[int]:
-        """Tokens of ``text`` with control-token texts parsed; a whole prompt gets BOS as the model asks."""
+    def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]:
+        """Tokens of ``text``. ``special``: the texts of special tokens are parsed as those tokens (for the
+        template's own text; user text is tokenized as text). ``bos``: the start of a whole prompt, which gets
+        BOS where the model asks for it (unless the text starts with it)."""
         data = text.encode("utf-8")
-        add_bos = whole_prompt and self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        add_bos = bos and self.add_bos and not (special and self.bos_text and text.startswith(self.bos_text))
         capacity = len(data) + 8
         while True:
             out = (llama.llama_token * capacity)()
-            n = llama.llama_tokenize(self._vocab, data, len(data), out, capacity, add_bos, True)
+            n = llama.llama_tokenize(self._vocab, data, len(data), out, capacity, add_bos, special)
             if n >= 0:
                 return list(out[:n])
             capacity = -n
@@ -243,54 +256,101 @@ class Engine:
         """Held by whoever uses the context: the scheduler thread while it steps jobs, ``prefill`` otherwise."""
         return self._lock
 
+    def answer_from_cache(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats] | None:
+        """Every prompt's answer when the cache holds them all (an identical repeat): nothing to decode, so the
+        caller needs no place in the scheduler's queue. Any thread may call this."""
+        scores = []
+        for key in self._answer_keys(spec):
+            score = self.cache.get(key)
+            if score is None:
+                return None
+            scores.append(score)
+        stats = ScoreStats(resident_tokens=spec.head, shared_tokens=0,
+                           cached_tokens=sum(len(p) - spec.head for p in spec.prompts),
+                           own_tokens=(0,) * len(spec.prompts), readout_tokens=0, prefill_s=0.0, readout_s=0.0)
+        return scores, stats
+
+    def _answer_keys(self, spec: JobSpec) -> tuple[bytes, ...]:
+        return tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> Job:
-        """A job for ``spec``: what the cache already holds for it, and its plan (``plan``, the uncached plan of
-        ``spec``, is used as it is when the cache holds nothing for the job). Any thread may call this."""
-        keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+        """A job for ``spec``, as the cache stands when it starts: the answers and the state it already holds,
+        and its plan (``plan``, the uncached plan of ``spec``, is used as it is when the cache holds nothing
+        for the job). The scheduler thread calls this as the job starts, so that requests queued over one new
+        state decode it once. The state it restores is held in the cache until the job ends."""
+        keys = self._answer_keys(spec)
         answered = {i: a for i, key in enumerate(keys) if (a := self.cache.get(key)) is not None}
-        blobs: dict[str | bytes, bytes] = {HEAD_BLOB: self._head_blob} if self._head_blob else {}
+        blobs: dict[str | bytes, Blob] = {HEAD_BLOB: self._head_blob} if self._head_blob is not None else {}
+        held: tuple[bytes, ...] = ()
         cached_state = None
         if spec.state_key is not None and len(answered) < len(spec.prompts):
-            cached_state = self.cache.get(spec.state_key)
+            cached_state = self.cache.acquire(spec.state_key)
         if cached_state is not None:
             blobs[spec.state_key] = cached_state
+            held = (spec.state_key,)
         if answered or cached_state is not None or plan is None:
             spec = replace(spec, state_cached=cached_state is not None, answered=frozenset(answered))
             plan = plan_job(spec, self.limits)
-        return Job(spec, plan, blobs, answered, keys)
+        return Job(spec, plan, blobs, answered, keys, held=held)
 
     def step(self, job: Job) -> bool:
         """Run the job's next step; False once every step has run. Only the thread that owns the engine calls
-        this: a job starts from empty memory and leaves it empty, so jobs run one after another."""
+        this: a job starts from empty memory and leaves it empty, so jobs run one after another. A state the job
+        saves goes into the cache at once, so that it outlives the job if the job is dropped later."""
         if job.next == 0:
             self._memory.reset()
+            self._executor.abort.clear()
         if job.next < len(job.plan.steps):
+            step = job.plan.steps[job.next]
             try:
-                self._executor.run_step(job.plan.steps[job.next], self._memory, job.blobs, job.outcome)
+                self._executor.run_step(step, self._memory, job.blobs, job.outcome)
             except RestoreFailed:
-                log.warning("a cached state could not be restored; decoding it again")
-                self.cache.discard(job.spec.state_key)
-                job.restart(plan_job(replace(job.spec, state_cached=False), self.limits))
+                self._restore_failed(job, step)
                 return True
             except BaseException:
                 self.abandon(job)
                 raise
+            if isinstance(step, Save):
+                self.cache.put(step.key, job.outcome.saved.pop(step.key))
             job.next += 1
         if job.next == len(job.plan.steps):
             self._memory.reset()
             return False
         return True
 
+    def _restore_failed(self, job: Job, step) -> None:
+        """A cached state that llama.cpp refuses is dropped and the job decoded again from the head, once; the
+        head itself, or a second refusal, fails the job (a plan that restarts forever would never end)."""
+        if step.blob == HEAD_BLOB or job.restarts:
+            self.abandon(job)
+            raise EngineError("llama.cpp refused the saved head" if step.blob == HEAD_BLOB
+                              else "llama.cpp refused a saved sequence twice")
+        log.warning("a cached state could not be restored; decoding it again")
+        self._release(job)
+        self.cache.discard(job.spec.state_key)
+        job.blobs.pop(job.spec.state_key, None)
+        job.restart(plan_job(replace(job.spec, state_cached=False), self.limits))
+
+    def abort(self) -> None:
+        """Stop the ``llama_decode`` running now (any thread): the job's deadline passed."""
+        self._executor.abort.set()
+
     def abandon(self, job: Job) -> None:
-        """Drop a job part way (a deadline, a failure): its memory is freed for the next one."""
+        """Drop a job part way (a deadline, a failure): its memory is freed for the next one; the state it saved
+        stays cached."""
         job.next = len(job.plan.steps)
+        self._release(job)
         self._memory.reset()
 
+    def _release(self, job: Job) -> None:
+        for key in job.held:
+            self.cache.release(key)
+        job.held = ()
+
     def finish(self, job: Job) -> tuple[list[PromptScore], ScoreStats]:
-        """The job's scores and stats once every step has run; its state and answers go into the cache."""
+        """The job's scores and stats once every step has run; its answers go into the cache."""
+        self._release(job)
         spec, plan, outcome = job.spec, job.plan, job.outcome
-        for key, blob in outcome.saved.items():
-            self.cache.put(key, blob)
         scores = []
         for i, trie in enumerate(spec.tries):
             if i in job.answered:
@@ -310,9 +370,10 @@ class Engine:
         tokens, no readout) and the tokens decoded: from empty memory, or after the saved head (for the
         benchmarks' floor)."""
         with self._lock:
-            start = len(self._head) if reuse_resident and self._head_blob \
+            start = len(self._head) if reuse_resident and self._head_blob is not None \
                 and common_prefix([self._head, tokens]) == len(self._head) else 0
             self._memory.reset()
+            self._executor.abort.clear()
             try:
                 if start:
                     self._memory.load(STATE_SEQ, self._head_blob)

@@ -11,6 +11,10 @@ class GpuUnavailable(EngineError):
     """GPU layers were requested from a llama.cpp build without a GPU backend."""
 
 
+class DecodeAborted(EngineError):
+    """A ``llama_decode`` was stopped through the abort flag: the job's deadline passed."""
+
+
 class RestoreFailed(EngineError):
     """llama.cpp refused a saved sequence; the job is decoded again from the head."""
 
@@ -21,6 +25,10 @@ class PlanError(ValueError):
 
 class Busy(RuntimeError):
     """The queue holds as much work as it may; retry later."""
+
+
+class TooSlow(Busy):
+    """The job's work, after the work ahead of it, cannot be done before its deadline at the measured speed."""
 
 
 class DeadlineExceeded(RuntimeError):

@@ -9,6 +9,7 @@ of the whole vocabulary and the top token.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import time
 from dataclasses import dataclass, field
@@ -16,8 +17,8 @@ from dataclasses import dataclass, field
 import llama_cpp as llama
 import numpy as np
 
-from .errors import EngineError
-from .memory import Memory
+from .errors import DecodeAborted, EngineError
+from .memory import Blob, Memory
 from .plan import Decode, Fork, Read, Release, Restore, Save, Step
 from .readout import NodeRead
 
@@ -29,9 +30,36 @@ class Outcome:
     """What running a plan produced: every read, and the seconds spent before and in the label paths."""
 
     reads: dict[tuple[int, tuple[int, ...]], NodeRead] = field(default_factory=dict)
-    saved: dict[bytes, bytes] = field(default_factory=dict)
+    saved: dict[bytes, Blob] = field(default_factory=dict)
     prefill_s: float = 0.0
     readout_s: float = 0.0
+
+
+class AbortFlag:
+    """Stops a ``llama_decode`` between two graph nodes, set from any thread.
+
+    llama.cpp asks its abort callback before every node of the graph (about 600 per micro-batch on the embedded
+    model). A Python callback would take the GIL each time, and so wait behind every HTTP thread that is reading,
+    decompressing or validating a body; the callback here is C's ``strlen`` over a two-byte buffer: it returns 0
+    (go on) while the buffer is empty and 1 (abort) once ``set`` writes a byte, and it never enters Python. A
+    ``bool`` return is read from the low byte of the return register on the ABIs llama.cpp runs on (x86-64 and
+    AArch64 System V), where ``strlen``'s ``size_t`` 0 or 1 is the same value.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = ctypes.create_string_buffer(2)
+        self.callback = ctypes.cast(ctypes.CDLL(None).strlen, llama.ggml_abort_callback)
+        self.data = ctypes.cast(self._buffer, ctypes.c_void_p)
+
+    def set(self) -> None:
+        self._buffer[0] = b"x"
+
+    def clear(self) -> None:
+        self._buffer[0] = b"\0"
+
+    @property
+    def is_set(self) -> bool:
+        return self._buffer[0] != b"\0"
 
 
 class Executor:
@@ -40,8 +68,11 @@ class Executor:
         self.n_vocab = n_vocab
         self.capacity = batch_tokens
         self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
+        # llama.cpp keeps the callback's C pointer: the flag (and its ctypes objects) lives as long as the executor.
+        self.abort = AbortFlag()
+        llama.llama_set_abort_callback(ctx, self.abort.callback, self.abort.data)
 
-    def run_step(self, step: Step, memory: Memory, blobs: dict[str | bytes, bytes], outcome: Outcome) -> None:
+    def run_step(self, step: Step, memory: Memory, blobs: dict[str | bytes, Blob], outcome: Outcome) -> None:
         started = time.perf_counter()
         if isinstance(step, Decode):
             self.decode(step, outcome.reads)
@@ -78,6 +109,8 @@ class Executor:
             raise EngineError(f"a micro-batch of {n} tokens does not fit the context's {self.capacity}")
         batch.n_tokens = n
         rc = llama.llama_decode(self._ctx, batch)
+        if rc == 2 and self.abort.is_set:
+            raise DecodeAborted("the job's deadline passed inside llama_decode")
         if rc != 0:
             raise EngineError(f"llama_decode failed with {rc} ({DECODE_FAILURES.get(rc, 'fatal error')})")
         for index, read in wanted:

@@ -15,6 +15,9 @@ import llama_cpp as llama
 
 from .errors import EngineError, RestoreFailed
 
+# A saved sequence: the buffer llama_state_seq_get_data filled, kept and restored from without copies.
+Blob = ctypes.Array
+
 
 class Memory:
     def __init__(self, ctx, fork_by: str):
@@ -26,18 +29,19 @@ class Memory:
         """Empty every sequence: the next cells used are 0, 1, ... (the layout every job starts from)."""
         llama.llama_memory_clear(self._memory, False)
 
-    def load(self, seq: int, data: bytes) -> None:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if llama.llama_state_seq_set_data(self._ctx, buf, len(data), seq) == 0:
+    def load(self, seq: int, blob: Blob) -> None:
+        """Restore a saved sequence into ``seq``, reading the saved buffer in place (no copy)."""
+        if llama.llama_state_seq_set_data(self._ctx, blob, ctypes.sizeof(blob), seq) == 0:
             raise RestoreFailed("llama_state_seq_set_data could not restore a saved sequence")
 
-    def save(self, seq: int) -> bytes:
+    def save(self, seq: int) -> Blob:
+        """``seq`` serialised into a buffer of its own, which the state cache keeps as it is."""
         size = llama.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         written = llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
         if written != size:
             raise EngineError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
-        return bytes(buf)
+        return buf
 
     def fork(self, src: int, dst: int) -> None:
         if self.fork_by == "copy":

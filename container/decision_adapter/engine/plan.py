@@ -129,6 +129,11 @@ class Plan:
     own_tokens: tuple[int, ...]  # tokens decoded for each prompt alone (0 for an answered prompt)
     readout_tokens: int  # label-path tokens decoded
 
+    @property
+    def tokens(self) -> int:
+        """Tokens the plan decodes: the state, each prompt's own tokens and the label paths."""
+        return self.shared_tokens + sum(self.own_tokens) + self.readout_tokens
+
 
 def chunked(seq: int, tokens: Sequence[int], pos: int, size: int, read: Read | None) -> list[Decode]:
     """``tokens`` on ``seq`` from ``pos``, one micro-batch per ``size`` tokens from the first token; the last

@@ -1,15 +1,19 @@
 """The scheduler: one thread per model owns the llama.cpp context and runs every scoring job, first come, first
-served, with admission by work and deadlines.
+served, with admission by work and time, and deadlines.
 
-Every scoring goes through here: requests, the start-up probe and the benchmarks hand a job (``Engine.begin``)
-to ``submit`` and wait on its future. The scheduler thread takes jobs in arrival order and runs each step by step; between two steps it checks the job's
-deadline, so a job whose client has given up (``ADAPTER_REQUEST_TIMEOUT_S``) stops within one micro-batch and
-frees its memory. Jobs run one after another: every job lays its memory out from empty cells, which is what keeps
-an answer the same bit for bit whatever else is in flight (see ``plan``). On a CPU this costs nothing: a decode
-already uses every core.
+Every scoring goes through here: requests, the start-up probe and the benchmarks ``submit`` a job's spec and
+uncached plan and wait on its future. The scheduler thread takes jobs in arrival order; as a job starts, the
+engine looks the cache up for it (``Engine.begin``), so that jobs queued over one new state decode it once; then
+it runs the job step by step. A job's deadline counts from its request's arrival: between two steps the thread
+checks it, and a caller that stops waiting at its deadline cancels its job: a queued job leaves the queue (its
+tokens are released), a running one is stopped inside ``llama_decode`` through the abort flag. Either way its
+memory is freed, and a state it saved stays cached for the retry. Jobs run one after another: every job lays its
+memory out from empty cells, which is what keeps an answer the same bit for bit whatever else is in flight (see
+``plan``). On a CPU this costs nothing: a decode already uses every core.
 
-Admission is by work, not by count: a job is accepted while the tokens it decodes, added to those of the jobs
-queued and running, stay within ``ADAPTER_QUEUE_TOKENS`` (a job alone is always accepted); otherwise ``Busy``.
+Admission is by work and by time: a job is accepted while the tokens it decodes, added to those of the jobs
+queued and running, stay within ``ADAPTER_QUEUE_TOKENS`` (a job alone is always accepted), and while that work,
+at the speed measured on the jobs run so far, can be done before the job's deadline; otherwise ``Busy``, at once.
 Everything a job owns (its plan, its reads, its future) lives in the job.
 """
 
@@ -25,31 +29,33 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import Busy, DeadlineExceeded, ScoringFailed
+from .errors import Busy, DeadlineExceeded, DecodeAborted, ScoringFailed, TooSlow
+from .plan import JobSpec, Plan
 from .readout import PromptScore, ScoreStats
 
 log = logging.getLogger(__name__)
-# A caller waits this much past the deadline for the job to be dropped at its step boundary before it answers.
+# A caller waits this much past the deadline for the job to be dropped at its step boundary before it cancels it.
 RESULT_GRACE_S = 0.5
-
-
-class SchedulableJob(Protocol):
-    """What the scheduler reads of a job: the tokens it decodes, which admission counts."""
-
-    @property
-    def tokens(self) -> int: ...
+# Jobs that decode fewer tokens say little about the speed (their time is mostly fixed costs).
+SPEED_MIN_TOKENS = 32
+SPEED_WEIGHT = 0.3  # of the newest job in the running estimate
 
 
 @runtime_checkable
 class JobRunner(Protocol):
-    """What the scheduler needs of an engine: a lock held while stepping, and a job's steps, end and results."""
+    """What the scheduler needs of an engine: a lock held while stepping, and a job's start, steps, end and
+    results, and a way to stop the decode in progress from another thread."""
 
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
 
+    def begin(self, spec: JobSpec, plan: Plan | None = None) -> Any: ...
+
     def step(self, job: Any) -> bool: ...
 
     def abandon(self, job: Any) -> None: ...
+
+    def abort(self) -> None: ...
 
     def finish(self, job: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
@@ -58,9 +64,10 @@ class JobRunner(Protocol):
 class Ticket:
     """One submitted job and what its caller waits on."""
 
-    job: SchedulableJob
+    spec: JobSpec
+    plan: Plan  # as if nothing were cached: what the job is admitted for
     deadline: float  # time.monotonic() after which the job is dropped (math.inf: never)
-    tokens: int  # what the job was admitted for; its plan may change if a cached state must be decoded again
+    tokens: int  # what the job was admitted for (its uncached plan's tokens)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     future: Future = field(default_factory=Future)
@@ -79,38 +86,68 @@ class Scheduler:
         self._queued_tokens = 0
         self._running: Ticket | None = None
         self._stopping = False
+        self._tokens_per_s: float | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     # ---- callers -------------------------------------------------------------------------------
 
-    def submit(self, job: SchedulableJob, timeout_s: float | None) -> Ticket:
-        """Queue ``job`` with a deadline ``timeout_s`` from now (None: no deadline); raises Busy."""
-        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
-        ticket = Ticket(job, deadline, job.tokens)
+    def submit(self, spec: JobSpec, plan: Plan, *, deadline: float | None = None,
+               by_tokens: bool = True) -> Ticket:
+        """Queue a job with its ``deadline`` (``time.monotonic()``; None: none); raises Busy. ``by_tokens=False``
+        skips the token budget (a record of a batch: the batch was admitted as a whole); admission by time holds
+        for every job with a deadline."""
+        ticket = Ticket(spec, plan, math.inf if deadline is None else deadline, plan.tokens)
         with self._ready:
             if self._stopping:
                 raise Busy("the server is shutting down")
-            if self._queued_tokens and self._queued_tokens + job.tokens > self.queue_tokens:
-                raise Busy(f"{self._queued_tokens} tokens are queued; this job adds {job.tokens}, over the "
-                           f"budget of {self.queue_tokens}")
+            self._admit(ticket, by_tokens)
             self._queued_tokens += ticket.tokens
             self._queue.append(ticket)
             self._ready.notify()
         return ticket
 
+    def _admit(self, ticket: Ticket, by_tokens: bool) -> None:
+        queued, tokens = self._queued_tokens, ticket.tokens
+        if by_tokens and queued and queued + tokens > self.queue_tokens:
+            raise Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
+        speed = self._tokens_per_s
+        if speed and not math.isinf(ticket.deadline):
+            needed = (queued + tokens) / speed
+            left = ticket.deadline - time.monotonic()
+            if needed > left:
+                raise TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about {needed:.1f} s "
+                           f"at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are left before its "
+                           f"deadline")
+
     def result(self, ticket: Ticket) -> tuple[list[PromptScore], ScoreStats]:
-        """The job's result; raises DeadlineExceeded or ScoringFailed."""
+        """The job's result; raises DeadlineExceeded (the job is cancelled) or ScoringFailed."""
         remaining = ticket.deadline - time.monotonic()
         try:
             return ticket.future.result(
                 timeout=None if math.isinf(remaining) else max(0.0, remaining) + RESULT_GRACE_S)
         except TimeoutError:
+            self.cancel(ticket)
             raise DeadlineExceeded("no answer within the deadline") from None
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Give a job up: out of the queue with its tokens released, or stopped inside its decode."""
+        with self._ready:
+            if ticket in self._queue:
+                self._queue.remove(ticket)
+                self._queued_tokens -= ticket.tokens
+                ticket.future.cancel()
+            elif self._running is ticket:
+                self.engine.abort()
 
     @property
     def queued_tokens(self) -> int:
         return self._queued_tokens
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Decode speed measured on the jobs run so far (a running estimate), None before the first."""
+        return self._tokens_per_s
 
     @property
     def in_flight(self) -> int:
@@ -144,7 +181,7 @@ class Scheduler:
 
     def _run(self, ticket: Ticket) -> None:
         ticket.started = time.monotonic()
-        if ticket.future.cancelled():
+        if not ticket.future.set_running_or_notify_cancel():
             return
         if ticket.started > ticket.deadline:
             ticket.future.set_exception(DeadlineExceeded("the job waited past its deadline"))
@@ -152,12 +189,25 @@ class Scheduler:
         engine = self.engine
         try:
             with engine.lock:
-                while engine.step(ticket.job):
+                job = engine.begin(ticket.spec, ticket.plan)
+                while engine.step(job):
                     if time.monotonic() > ticket.deadline:
-                        engine.abandon(ticket.job)
+                        engine.abandon(job)
                         ticket.future.set_exception(DeadlineExceeded("the job ran past its deadline"))
                         return
-            ticket.future.set_result(engine.finish(ticket.job))
+            result = engine.finish(job)
+            self._measure(job.tokens, time.monotonic() - ticket.started)
+        except DecodeAborted:  # the engine dropped the job already
+            ticket.future.set_exception(DeadlineExceeded("the job was stopped at its deadline"))
+            return
         except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the scheduler
             log.exception("a job failed in the engine")
             ticket.future.set_exception(ScoringFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        ticket.future.set_result(result)
+
+    def _measure(self, tokens: int, seconds: float) -> None:
+        if tokens >= SPEED_MIN_TOKENS and seconds > 0:
+            speed = tokens / seconds
+            old = self._tokens_per_s
+            self._tokens_per_s = speed if old is None else (1 - SPEED_WEIGHT) * old + SPEED_WEIGHT * speed

@@ -21,18 +21,13 @@ from pydantic_core import PydanticCustomError
 
 from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS, QUESTION_TYPES
 from ..decisions.model import Question, Scored
-from ..decisions.prompt import state_text
+from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, state_text
 from ..errors import Failure, InputError, Loc
 from .call import Answer, Call
 from .fields import RequestContext, Structured, check_json, printable, string_problem
 
 ALIAS = "jev-latest"
 MAX_SCORE_LEVELS = 10
-DEFAULT_INSTRUCTIONS = {
-    "noul": "Is the following true for the state?",
-    "choice": "Which option fits the state best?",
-    "score": "Which level fits the state best?",
-}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
                415: "invalid_request_error", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
@@ -219,7 +214,7 @@ def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str
     if isinstance(q, NoulQuestion):
         criteria = q.criteria or NoulCriteria()
         names: tuple[str, ...] = ("true", "false")
-        sides = [(_structured(criteria.true), "Yes"), (_structured(criteria.false), "No")]
+        sides = list(zip((_structured(criteria.true), _structured(criteria.false)), NOUL_OPTIONS))
         texts = tuple(f"{word}: {description}" if description else word for description, word in sides)
         option_locs = (cloc + ("true",), cloc + ("false",))
     elif isinstance(q, ChoiceQuestion):

@@ -19,6 +19,7 @@ from ..settings import Settings
 from ..startup import Readiness, load_into
 from . import sagemaker, systemone
 from .admission import Admission
+from .calls import arrived
 from .logs import log_request
 from .state import EXTENSION, AdapterState
 
@@ -41,7 +42,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
 
     @app.before_request
     def start() -> None:
-        g.started = time.perf_counter()
+        arrived()
         g.request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         g.log = {}
 

@@ -24,6 +24,9 @@ from ..errors import ApiError, InputError
 
 MAX_DEPTH = 64
 ZSTD_PIECE = 64  # compressed bytes per step: at most a few MB of output each
+GZIP_PIECE = 64 * 1024  # compressed bytes per step; the output of each is capped at what the limit leaves
+# Frames (zstd) or members (gzip) one body may hold: clients send one; thousands of empty ones cost time only.
+MAX_FRAMES = 64
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
@@ -53,40 +56,53 @@ def read_body(stream: BinaryIO, content_length: int | None, encoding: str | None
 
 
 def _unzstd(data: bytes, limit: int) -> bytes:
-    """Every frame of a zstd body, in order; a frame cut short is refused. The input goes in small
-    pieces, so that a small body that expands hugely stops at the limit instead of filling memory."""
+    """Every frame of a zstd body, in order; a frame cut short is refused. The input goes in small pieces read
+    at offsets (no copy of the rest per frame: linear in the body), so that a small body that expands hugely
+    stops at the limit instead of filling memory; more than ``MAX_FRAMES`` frames are refused."""
     out = bytearray()
-    rest = data
+    view = memoryview(data)
+    pos = frames = 0
     try:
-        while rest:
+        while pos < len(view):
+            frames += 1
+            if frames > MAX_FRAMES:
+                raise ApiError(400, f"the body has more than {MAX_FRAMES} zstd frames")
             frame = zstandard.ZstdDecompressor().decompressobj()
-            fed = 0
-            while fed < len(rest) and not frame.eof:
-                out += frame.decompress(rest[fed:fed + ZSTD_PIECE])
-                fed += ZSTD_PIECE
+            fed = pos
+            while fed < len(view) and not frame.eof:
+                out += frame.decompress(view[fed:fed + ZSTD_PIECE])
+                fed = min(fed + ZSTD_PIECE, len(view))
                 if len(out) > limit:
                     raise ApiError(413, f"the decoded body is over the limit of {limit} bytes")
             if not frame.eof:
                 raise ApiError(400, "the body is not valid zstd data: it ends inside a frame (truncated)")
-            rest = frame.unused_data + rest[fed:]
+            pos = fed - len(frame.unused_data)
     except zstandard.ZstdError as exc:
         raise ApiError(400, f"the body is not valid zstd data: {exc}") from None
     return bytes(out)
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
-    """Every member of a gzip body, in order; a member cut short is refused."""
+    """Every member of a gzip body, in order; a member cut short is refused. Read at offsets in pieces (linear
+    in the body); more than ``MAX_FRAMES`` members are refused."""
     out = bytearray()
-    rest = data
+    view = memoryview(data)
+    pos = members = 0
     try:
-        while rest:
+        while pos < len(view):
+            members += 1
+            if members > MAX_FRAMES:
+                raise ApiError(400, f"the body has more than {MAX_FRAMES} gzip members")
             member = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            out += member.decompress(rest, limit + 1 - len(out))
-            if len(out) > limit or member.unconsumed_tail:
-                raise ApiError(413, f"the decoded body is over the limit of {limit} bytes")
+            fed = pos
+            while fed < len(view) and not member.eof:
+                out += member.decompress(view[fed:fed + GZIP_PIECE], limit + 1 - len(out))
+                fed = min(fed + GZIP_PIECE, len(view))
+                if len(out) > limit or member.unconsumed_tail:
+                    raise ApiError(413, f"the decoded body is over the limit of {limit} bytes")
             if not member.eof:
                 raise ApiError(400, "the body is not valid gzip data: it ends inside a member (truncated)")
-            rest = member.unused_data
+            pos = fed - len(member.unused_data)
     except zlib.error as exc:
         raise ApiError(400, f"the body is not valid gzip data: {exc}") from None
     return bytes(out)
@@ -130,18 +146,35 @@ def _reject_constant(name: str) -> Any:
 
 def holds_lines(data: bytes) -> bool:
     """Whether an ``application/json`` body holds several JSON values, one per line (Batch Transform's
-    SplitType=Line with BatchStrategy=MultiRecord), rather than one value (which may span lines)."""
+    SplitType=Line with BatchStrategy=MultiRecord), rather than one value (which may span lines): its first
+    value is followed by more on another line, or (a malformed first record) it is no single value and one of its
+    other lines is a request object on its own."""
     text = data.decode("utf-8", errors="replace").lstrip()
     if not text or "\n" not in text:
         return False
     try:
         check_depth(data)
         _, end = _DECODER.raw_decode(text)
-    except (ValueError, InputError):
+    except InputError:
         return False
+    except ValueError:
+        return any(_is_record(line) for line in text.split("\n")[1:])
     rest = text[end:]
     gap = rest[:len(rest) - len(rest.lstrip())]
     return bool(rest.strip()) and "\n" in gap
+
+
+def _is_record(line: str) -> bool:
+    """A whole request object on one line (``decision``, ``decisions`` or ``questions``)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return False
+    try:
+        check_depth(line.encode("utf-8"))
+        value = json.loads(line)
+    except (ValueError, InputError):
+        return False
+    return isinstance(value, dict) and bool(value.keys() & {"decision", "decisions", "questions"})
 
 
 def split_records(data: bytes, max_lines: int) -> list[tuple[int, bytes]]:

@@ -5,25 +5,19 @@
 and BatchStrategy=MultiRecord), and dispatches each on its keys (``protocols.dispatch``): ``decision``/
 ``decisions`` to the decision schema, ``questions`` to System One, answered and refused in System One's shape.
 Errors on these routes are ``{"error": "<message naming the field>"}``, plus ``"retryable": true`` on
-transient ones.
-
-In a batch, a record with bad input gets its own error object (its status inside) and the others are
-answered; a record refused for a transient reason (busy, deadline) refuses the whole batch with a
-retryable 503, which SageMaker retries, rather than writing a permanent error record.
+transient ones. A body of records is Batch Transform's mini-batch, answered by ``batch``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from flask import Blueprint, Response, g, request
 
-from flask import Blueprint, Response, request
-
-from ..errors import ApiError, InputError
+from ..errors import ApiError
 from ..protocols import decision_schema, openapi
-from ..protocols.dispatch import SYSTEM_ONE, Protocol, protocol_of
-from . import bodies, gate
-from .calls import call
-from .errors import classify, respond
+from ..protocols.dispatch import SYSTEM_ONE, protocol_of
+from . import batch, bodies, gate
+from .calls import call, request_deadline
+from .errors import respond
 from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_body
 from .logs import add_log_fields
 from .state import current
@@ -54,10 +48,12 @@ def ping() -> Response:
 
 @blueprint.get("/execution-parameters")
 def execution_parameters() -> Response:
-    """Batch Transform asks this once per container: what one instance honours."""
-    settings = current().settings
-    return json_response({"MaxConcurrentTransforms": settings.max_concurrent_transforms,
-                          "BatchStrategy": "MULTI_RECORD", "MaxPayloadInMB": settings.max_payload_mb})
+    """Batch Transform asks this once per container, once it is healthy: what one instance can finish."""
+    gate.require_model()
+    state = current()
+    model = state.readiness.model
+    return json_response(batch.execution_parameters(state.settings, model.scheduler.tokens_per_s,
+                                                    model.text_bytes_per_token).as_json())
 
 
 @blueprint.get("/openapi.json")
@@ -73,49 +69,15 @@ def invocations() -> Response:
                             f"(got {request.content_type or 'none'})")
     body = read_body()
     if kind in JSONLINES_TYPES or bodies.holds_lines(body):
-        return _answer_lines(bodies.split_records(body, current().settings.max_lines))
+        records = bodies.split_records(body, current().settings.max_lines)
+        results = batch.answer_lines(records, g.arrived + current().settings.batch_budget_s)
+        return Response("\n".join(bodies.dumps(r) for r in results) + "\n", 200, mimetype="application/jsonlines")
     obj = bodies.parse_json(body)
     protocol = protocol_of(obj)
     headers = request_id_header() if protocol is SYSTEM_ONE else {}
     try:
-        answer = protocol.answer(obj, call())
+        answer = protocol.answer(obj, call(request_deadline()))
     except Exception as exc:  # noqa: BLE001 - rendered in the body's own protocol, classified in one place
         return respond(protocol.render, exc, headers)
     add_log_fields(answer.log)
     return json_response(answer.payload, 200, {**answer.headers, **headers})
-
-
-def _answer_record(protocol: Protocol, obj: Any) -> tuple[dict[str, Any], int]:
-    """One record, answered in its protocol's shape, errors included, except a transient refusal (retryable),
-    which propagates."""
-    try:
-        answer = protocol.answer(obj, call())
-    except Exception as exc:  # noqa: BLE001 - classified in one place; transient refusals go up
-        failure = classify(exc)
-        if failure.retryable:
-            raise
-        return protocol.render(failure)
-    add_log_fields(answer.log)
-    return answer.payload, 200
-
-
-def _answer_lines(records: list[tuple[int, bytes]]) -> Response:
-    """One result line per record, in order."""
-    out = []
-    for number, raw in records:
-        try:
-            if not raw.strip():
-                raise InputError((), "is empty")
-            obj = bodies.parse_json(raw)
-            payload, status = _answer_record(protocol_of(obj), obj)
-        except InputError as exc:
-            payload, status = {"error": str(exc)}, 400
-        except ApiError as exc:  # transient: the whole mini-batch is refused, and SageMaker retries it
-            raise ApiError(exc.status, f"line {number}: {exc.message}; the whole batch is refused so that it is "
-                           "retried", headers=exc.headers, retryable=True) from None
-        if status != 200:
-            if "error" in payload:
-                payload = {**payload, "error": f"line {number}: {payload['error']}"}
-            payload = {**payload, "status": status}
-        out.append(bodies.dumps(payload))
-    return Response("\n".join(out) + "\n", 200, mimetype="application/jsonlines")
