@@ -80,6 +80,22 @@ def markdown(data: dict[str, Any]) -> str:
                       f"the whole prompt (median {floor['prompt_tokens_p50']:.0f} tokens), "
                       f"**{own['ratio_p50']:.2f}** against the tokens past the resident prefix (median "
                       f"{own['tokens_p50']:.0f}: what the adapter evaluates itself)."]
+    if data.get("decision_over_generation_p50"):
+        lines += ["", f"Decision / generation latency, per-task median: **{data['decision_over_generation_p50']:.2f}**."]
+    servers = data.get("servers_own_timing")
+    if servers:
+        lines += ["", f"Each server's own timing fields (the adapter's `x_evaluated_tokens` and `x_timing`, llama-server's "
+                      f"`timings`), medians over the {servers['tasks']} tasks both answered with nothing cached:", "",
+                  "| | tokens evaluated | prompt seconds | prompt tokens/s | answer tokens |", "|---|---:|---:|---:|---:|"]
+        for name, label in (("decision", "decision endpoint"), ("generation", "llama-server")):
+            side = servers[name]
+            low, high = side["answer_tokens"]
+            answered = f"{low}" if low == high else f"{low}-{high}"
+            if name == "generation":
+                answered += f" ({_ms(side['answer_s_p50'])})"
+            lines.append(f"| {label} | {side['prompt_tokens_p50']:.1f} | {side['prompt_s_p50']:.3f} | "
+                         f"{side['prompt_tokens_per_s_p50']:.0f} | {answered} |")
+        lines += ["", f"Prompt tokens/s, decision / llama-server: **{servers['prompt_tokens_per_s_ratio']:.2f}**."]
     shared = data.get("shared_state")
     if shared:
         lines += ["", f"Shared state: {shared['questions']} questions over one state of "

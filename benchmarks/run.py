@@ -126,15 +126,36 @@ class Row:
     own_floor_s: float | None
     own_tokens: int | None
     cached_tokens: int | None = None
+    ours_timing: dict[str, float] | None = None  # the adapter's own fields: tokens evaluated, prompt seconds
+    generation_timing: dict[str, float] | None = None  # llama-server's `timings`: prompt and answer tokens, seconds
+
+
+def own_timing(body: dict[str, Any]) -> dict[str, float] | None:
+    """The adapter's own account of a System One answer: tokens evaluated and the seconds its prompt took."""
+    timing = body.get("x_timing") or {}
+    if "x_evaluated_tokens" not in body or "prefill" not in timing:
+        return None
+    seconds = timing["prefill"] + timing.get("readout", 0.0)
+    return {"prompt_tokens": body["x_evaluated_tokens"], "prompt_s": seconds, "answer_tokens": 0, "answer_s": 0.0}
+
+
+def server_timing(response: dict[str, Any]) -> dict[str, float] | None:
+    """llama-server's own account of a chat completion (its ``timings``): prompt and generated tokens, seconds."""
+    timings = response.get("timings")
+    if not timings or "prompt_n" not in timings:
+        return None
+    return {"prompt_tokens": timings["prompt_n"], "prompt_s": timings["prompt_ms"] / 1000,
+            "answer_tokens": timings.get("predicted_n", 0), "answer_s": timings.get("predicted_ms", 0.0) / 1000}
 
 
 def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) -> Row:
-    cached_tokens = None
+    cached_tokens = ours_timing = generation_timing = None
     try:
         body, latency = ours.call(task.system_one())
         ours_outcome = Outcome(task.id, task.tier, task.labels, task.expected,
                                tuple(task.distribution(body["answers"]["q"])), latency)
         cached_tokens = body.get("x_cached_tokens")
+        ours_timing = own_timing(body)
     except (EndpointError, KeyError, ValueError) as exc:
         ours_outcome = Outcome(task.id, task.tier, task.labels, task.expected, None, None, str(exc)[:300])
 
@@ -142,6 +163,7 @@ def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) 
     if chat is not None:
         try:
             response, latency = chat.call(generation.request(task))
+            generation_timing = server_timing(response)
             reply = generation.reply_text(response)
             label = generation.parse(task, reply)
             parse_failure = label is None
@@ -159,7 +181,7 @@ def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) 
             floor_s, prompt_tokens = floor.engine.prefill(tokens)
             own_floor_s, own_tokens = floor.engine.prefill(tokens, reuse_resident=True)
     return Row(task, ours_outcome, gen_outcome, parse_failure, reply, floor_s, prompt_tokens, own_floor_s, own_tokens,
-               cached_tokens)
+               cached_tokens, ours_timing, generation_timing)
 
 
 def _prepare(model, questions: list[dict[str, Any]], state: Any):
@@ -297,6 +319,9 @@ def _summarise(options: Options, rows: list[Row], shared, repeated, ours: JsonEn
             "decisions_per_s": len(gen_latency) / sum(gen_latency) if gen_latency else math.nan,
             "max_tokens": generation.MAX_TOKENS,
         }
+        paired = [r.ours.latency_s / r.generation.latency_s for r in rows
+                  if r.ours.latency_s and r.generation and r.generation.latency_s]
+        result["decision_over_generation_p50"] = statistics.median(paired) if paired else None
     # The floor is what a miss evaluates; a task whose state an earlier task already brought into the cache
     # evaluates less, and is left out of the ratio.
     measured = [r for r in rows if r.floor_s and r.own_floor_s and r.ours.latency_s and not r.cached_tokens]
@@ -312,6 +337,9 @@ def _summarise(options: Options, rows: list[Row], shared, repeated, ours: JsonEn
                 "tokens_p50": statistics.median(r.own_tokens for r in measured),
             },
         }
+    servers = _servers_own_timing(rows)
+    if servers:
+        result["servers_own_timing"] = servers
     if shared:
         result["shared_state"] = shared
     if repeated:
@@ -321,6 +349,7 @@ def _summarise(options: Options, rows: list[Row], shared, repeated, ours: JsonEn
         "predicted": r.ours.predicted, "distribution": r.ours.distribution, "latency_s": r.ours.latency_s,
         "error": r.ours.error, "prompt_tokens": r.prompt_tokens, "floor_s": r.floor_s,
         "own_tokens": r.own_tokens, "own_floor_s": r.own_floor_s, "cached_tokens": r.cached_tokens,
+        "ours_timing": r.ours_timing, "generation_timing": r.generation_timing,
         "generation": None if r.generation is None else {
             "predicted": r.generation.predicted, "reply": r.reply, "latency_s": r.generation.latency_s,
             "error": r.generation.error},
@@ -328,6 +357,27 @@ def _summarise(options: Options, rows: list[Row], shared, repeated, ours: JsonEn
     result["_outcomes"] = {"ours": ours_outcomes, "generation": [r.generation for r in rows] if chat else None,
                            "floor": [r.floor_s for r in rows], "own_floor": [r.own_floor_s for r in rows]}
     return result
+
+
+def _servers_own_timing(rows: list[Row]) -> dict[str, Any] | None:
+    """Each server's own timing fields over the tasks both answered with nothing cached: tokens evaluated for the
+    prompt, prompt seconds, prompt tokens per second (the medians, and the median of per-task rates), and the
+    answer tokens generation spent; the adapter evaluates no answer token."""
+    both = [r for r in rows if r.ours_timing and r.generation_timing and not r.cached_tokens]
+    if not both:
+        return None
+
+    def side(timings: list[dict[str, float]]) -> dict[str, Any]:
+        return {"prompt_tokens_p50": statistics.median(t["prompt_tokens"] for t in timings),
+                "prompt_s_p50": statistics.median(t["prompt_s"] for t in timings),
+                "prompt_tokens_per_s_p50": statistics.median(t["prompt_tokens"] / t["prompt_s"]
+                                                             for t in timings if t["prompt_s"] > 0),
+                "answer_tokens": [min(t["answer_tokens"] for t in timings), max(t["answer_tokens"] for t in timings)],
+                "answer_s_p50": statistics.median(t["answer_s"] for t in timings)}
+
+    ours, theirs = side([r.ours_timing for r in both]), side([r.generation_timing for r in both])
+    return {"tasks": len(both), "decision": ours, "generation": theirs,
+            "prompt_tokens_per_s_ratio": ours["prompt_tokens_per_s_p50"] / theirs["prompt_tokens_per_s_p50"]}
 
 
 def _machine() -> dict[str, Any]:

@@ -77,6 +77,12 @@ class Settings:
     kv_cache_type: Literal["f32", "f16"] = setting(
         "ADAPTER_KV_CACHE_TYPE", "f32", "Type of the keys and values kept in memory: f32 (exact attention on the "
         "CPU) or f16 (half the memory; flash attention converts to it anyway).")
+    layout: Literal["exact", "fused"] = setting(
+        "ADAPTER_LAYOUT", "exact", "How a job's tokens are grouped into llama_decode calls. exact: the state, then "
+        "each question from its own first token, so an answer is the same bit for bit alone, beside other "
+        "questions, on a cache hit or miss; fused: the state's last micro-batch and the first question in one "
+        "call (fewer calls on a new state; the answer then moves slightly with the cache and the other questions: "
+        "docs/benchmarks.md, Layout).")
     prompt_style: PromptStyleName = setting(
         "ADAPTER_PROMPT_STYLE", DEFAULT_STYLE, "Wording of the decision prompt (decision_adapter/prompt.py); the "
         "default measured best on the benchmark model. A calibration is bound to one style.")

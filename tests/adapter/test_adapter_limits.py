@@ -23,7 +23,7 @@ from decision_adapter.decisions.model import DecisionModel, Limits, Question
 from decision_adapter.decisions.model_files import ModelIdentity
 from decision_adapter.decisions.prompt import ChatTemplate, PromptLayout
 from decision_adapter.engine.cache import PrefixCache, size_of
-from decision_adapter.engine.errors import Busy, DeadlineExceeded, RestoreFailed, TooSlow
+from decision_adapter.engine.errors import DeadlineExceeded, RestoreFailed, TooSlow
 from decision_adapter.engine.plan import JobSpec, Limits as PlanLimits, plan_job
 from decision_adapter.engine.readout import LabelTrie, NodeRead, prompt_score
 from decision_adapter.engine.scheduler import Scheduler
@@ -231,9 +231,9 @@ def test_the_prompt_version_covers_the_template_and_the_payload_layout(monkeypat
 
     base = PromptLayout(ChatTemplate(CHATML)).version
     assert PromptLayout(ChatTemplate(CHATML.replace("assistant", "model"))).version != base
-    monkeypatch.setattr(prompt, "ANSWER_LINE", "Reply with one label.")
-    assert PromptLayout(ChatTemplate(CHATML)).version != base
-    monkeypatch.undo()
+    reworded = PromptLayout(ChatTemplate(CHATML), dataclasses.replace(prompt.STYLES["plain"],
+                                                                       answer_line="Reply with one label."))
+    assert reworded.version != base and reworded.version.startswith("plain-")
     monkeypatch.setattr(prompt, "DEFAULT_INSTRUCTIONS", {**prompt.DEFAULT_INSTRUCTIONS, "noul": "True?"})
     assert PromptLayout(ChatTemplate(CHATML)).version != base
 

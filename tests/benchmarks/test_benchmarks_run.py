@@ -139,3 +139,17 @@ def test_a_batch_transform_job_driven_as_sagemaker_drives_it_holds(tmp_path):
     assert result["error_lines"] == result["records"] // 10, "the records that never fit, and only those"
     assert result["held"] and "every mini-batch answered in time with a line per record: yes" in \
         (tmp_path / "transform.md").read_text()
+
+
+def test_each_servers_own_timing_fields_are_reported_side_by_side(run):
+    out, _, result = run
+    servers = result["servers_own_timing"]
+    assert servers["tasks"] >= 1
+    ours, theirs = servers["decision"], servers["generation"]
+    assert ours["prompt_tokens_p50"] > 20 and ours["prompt_s_p50"] > 0 and ours["answer_tokens"] == [0, 0]
+    assert theirs["prompt_tokens_p50"] > 20 and theirs["answer_tokens"][1] >= 1, "generation spends answer tokens"
+    assert servers["prompt_tokens_per_s_ratio"] > 0 and result["decision_over_generation_p50"] > 0
+    rows = [r for r in result["rows"] if r["ours_timing"] and r["generation_timing"]]
+    assert rows and all(r["ours_timing"]["prompt_tokens"] > 0 for r in rows)
+    table = (out / "results.md").read_text()
+    assert "Each server's own timing fields" in table and "| llama-server | " in table

@@ -23,8 +23,7 @@ from ..errors import InputError, Loc
 from .calibration import Calibration
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .model_files import ModelIdentity
-from .prompt import DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, question_segment, \
-    state_segment, user_payload
+from .prompt import DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, state_segment
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
                   "(last prompt position); no tokens generated")
@@ -241,7 +240,7 @@ class DecisionModel:
 
     def render(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
         """The whole prompt's text (its SHA-256 is the answer's ``prompt_sha256``)."""
-        return self.layout.render(user_payload(state, question, labels, options))
+        return self.layout.render(self.layout.user_payload(state, question, labels, options))
 
     def prepare(self, questions: Sequence[Question]) -> Prepared:
         """Tokenize and plan the questions over their one state; refuse over-budget prompts before any
@@ -271,7 +270,7 @@ class DecisionModel:
             digest = hashlib.sha256()
             for k, order in enumerate(orderings(q.option_keys or q.options, q.permutations or self.default_permutations)):
                 labels = self.labels(len(order), q.kind)
-                text = question_segment(q.question, labels, [q.options[j] for j in order])
+                text = self.layout.question_segment(q.question, labels, [q.options[j] for j in order])
                 self._bound(q.loc, text, ceiling - len(head) - len(state) - len(tail))
                 own = tuple(self.engine.tokenize(text)) + tail
                 prompt_tokens = len(head) + len(state) + len(own)
@@ -370,7 +369,7 @@ class DecisionModel:
         [result] = self.score(prepared).results
         # Request text per evaluated token, for sizing Batch Transform payloads: the probe's state and question
         # text over what the plan decodes for them (a JSON record adds ids and keys: more bytes per token).
-        text = state_segment(PROBE_STATE) + question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
+        text = state_segment(PROBE_STATE) + self.layout.question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
         self.text_bytes_per_token = len(text.encode("utf-8")) / prepared.request_tokens
         p = result.probabilities
         if len(p) != 3 or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:

@@ -72,6 +72,7 @@ class PromptStyle:
     instruction: str = SYSTEM_INSTRUCTION
     examples: tuple[Example, ...] = ()
     score_digits: bool = False
+    answer_line: str = ANSWER_LINE  # the ask after the options ("": none; the instruction says it already)
 
     def labels(self, n_options: int, kind: str | None) -> tuple[str, ...]:
         if self.score_digits and kind == "score" and n_options <= len(DIGITS):
@@ -81,6 +82,7 @@ class PromptStyle:
 
 STYLES = {style.name: style for style in (
     PromptStyle("plain"),
+    PromptStyle("lean", answer_line=""),
     PromptStyle("examples", examples=EXAMPLES),
     PromptStyle("exact", instruction=EXACT_INSTRUCTION),
     PromptStyle("exact-examples", instruction=EXACT_INSTRUCTION, examples=EXAMPLES),
@@ -112,14 +114,16 @@ def state_segment(state: str) -> str:
     return f"{state}{QUESTION_HEADING}"
 
 
-def question_segment(question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+def question_segment(question: str, labels: Sequence[str], options: Sequence[str],
+                     answer_line: str = ANSWER_LINE) -> str:
     """The question as the prompt holds it after the state: the question, the labelled options, the ask."""
     lines = "\n".join(f"{label}. {text}" for label, text in zip(labels, options))
-    return f"{question}\n\nOptions:\n{lines}\n\n{ANSWER_LINE}"
+    return f"{question}\n\nOptions:\n{lines}" + (f"\n\n{answer_line}" if answer_line else "")
 
 
-def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
-    return f"{STATE_HEADING}{state_segment(state)}{question_segment(question, labels, options)}"
+def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str],
+                 answer_line: str = ANSWER_LINE) -> str:
+    return f"{STATE_HEADING}{state_segment(state)}{question_segment(question, labels, options, answer_line)}"
 
 
 class ChatTemplate:
@@ -177,7 +181,7 @@ class PromptLayout:
         for example in self.style.examples:
             labels = self.style.labels(len(example.options), example.kind)
             turns += [{"role": "user", "content": user_payload(example.state, example.question, labels,
-                                                               example.options)},
+                                                               example.options, self.style.answer_line)},
                       {"role": "assistant", "content": labels[example.answer]}]
         turns.append({"role": "user", "content": payload})
         if self.template.system_role:
@@ -189,6 +193,12 @@ class PromptLayout:
     def render(self, payload: str) -> str:
         return self.prefix + payload + self.tail
 
+    def question_segment(self, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+        return question_segment(question, labels, options, self.style.answer_line)
+
+    def user_payload(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
+        return user_payload(state, question, labels, options, self.style.answer_line)
+
     @property
     def version(self) -> str:
         """What a calibration is bound to: the style's name and a digest of everything that makes a prompt: the
@@ -197,8 +207,8 @@ class PromptLayout:
         digest = hashlib.sha256()
         placeholders = [("choice", 3), ("score", 3), ("noul", 2), ("choice", 27)]
         parts = [repr(self.style), self.prefix, self.tail, repr(DEFAULT_INSTRUCTIONS), repr(NOUL_OPTIONS)]
-        parts += [self.render(user_payload("<state>", "<question>", self.style.labels(n, kind),
-                                           [f"<option {i}>" for i in range(n)])) for kind, n in placeholders]
+        parts += [self.render(self.user_payload("<state>", "<question>", self.style.labels(n, kind),
+                                                [f"<option {i}>" for i in range(n)])) for kind, n in placeholders]
         for part in parts:
             digest.update(part.encode("utf-8") + b"\0")
         return f"{self.style.name}-{digest.hexdigest()[:12]}"

@@ -80,6 +80,7 @@ class EngineOptions:
     kv_cache_type: str = "f32"
     state_cache_bytes: int = 1 << 30
     fork_by: str = "auto"  # "copy" (share memory cells), "snapshot" (save/restore state) or "auto"
+    layout: str = "exact"  # "exact", or "fused": the state's last micro-batch and the first question as one decode
 
 
 class Engine:
@@ -142,8 +143,10 @@ class Engine:
         self.n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         self._memory = Memory(self._ctx, fork_by)
         self._executor = Executor(self._ctx, self.n_vocab, opts.batch_tokens)
+        if opts.layout not in ("exact", "fused"):
+            raise ValueError(f"layout must be exact or fused, not {opts.layout!r}")
         self.limits = Limits(batch_tokens=opts.batch_tokens, cells=self.ctx_tokens,
-                             sequences=opts.parallel_sequences, fork_by=fork_by)
+                             sequences=opts.parallel_sequences, fork_by=fork_by, fused=opts.layout == "fused")
         self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
         self.bos_text = self._special_text(llama.llama_vocab_bos(self._vocab))
         self.eos_text = self._special_text(llama.llama_vocab_eos(self._vocab))

@@ -67,7 +67,7 @@ class Executor:
         self._ctx = ctx
         self.n_vocab = n_vocab
         self.capacity = batch_tokens
-        self._batch = llama.llama_batch_init(batch_tokens, 0, 1)
+        self._batch = llama.llama_batch_init(batch_tokens, 0, 2)  # a token may belong to two sequences
         # llama.cpp keeps the callback's C pointer: the flag (and its ctypes objects) lives as long as the executor.
         self.abort = AbortFlag()
         llama.llama_set_abort_callback(ctx, self.abort.callback, self.abort.data)
@@ -95,11 +95,13 @@ class Executor:
         n = 0
         for chunk in step.chunks:
             last = len(chunk.tokens) - 1
+            seqs = (chunk.seq, *chunk.also)
             for j, token in enumerate(chunk.tokens):
                 batch.token[n] = token
                 batch.pos[n] = chunk.pos + j
-                batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = chunk.seq
+                batch.n_seq_id[n] = len(seqs)
+                for k, seq in enumerate(seqs):
+                    batch.seq_id[n][k] = seq
                 keep = chunk.read is not None and j == last
                 batch.logits[n] = keep
                 if keep:

@@ -53,6 +53,7 @@ class Chunk:
     pos: int  # position of the first token
     tokens: tuple[int, ...]
     read: Read | None = None
+    also: tuple[int, ...] = ()  # further sequences the tokens belong to (the fused layout's state)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Limits:
     cells: int  # memory cells the job may use (the context size)
     sequences: int  # sequence ids the context has
     fork_by: Literal["copy", "snapshot"] = "copy"
+    fused: bool = False  # the fused layout: the state's last micro-batch and the first prompt's own tokens as one
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
     paths_seqs = 0
     if todo:
         first = spec.prompts[todo[0]]
+        fused_first = None  # the prompt whose own tokens share the state's last micro-batch (fused layout)
         if spec.state_cached and spec.state_key is not None:
             steps.append(Restore(STATE_SEQ, spec.state_key, spec.state_end))
             hold(STATE_SEQ, spec.state_end)
@@ -179,19 +182,37 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
                 steps.append(Restore(STATE_SEQ, HEAD_BLOB, spec.head))
                 hold(STATE_SEQ, spec.head)
             if spec.state_end > spec.head:
-                steps += chunked(STATE_SEQ, first[spec.head:spec.state_end], spec.head, limits.batch_tokens, None)
+                state = chunked(STATE_SEQ, first[spec.head:spec.state_end], spec.head, limits.batch_tokens, None)
+                suffix = first[spec.state_end:]
+                last = state[-1].chunks[0]
+                if limits.fused and len(last.tokens) + len(suffix) <= limits.batch_tokens:
+                    # One llama_decode for the state's last micro-batch and the first prompt's own tokens: the
+                    # state's tokens belong to the state and to the prompt, the prompt's to the prompt alone.
+                    fused_first = todo[0]
+                    steps += state[:-1]
+                    steps.append(Fork(STATE_SEQ, PROMPT_SEQ))
+                    hold(PROMPT_SEQ, spec.state_end if snapshot else 0)
+                    steps.append(Decode((Chunk(STATE_SEQ, last.pos, last.tokens, None, also=(PROMPT_SEQ,)),
+                                         Chunk(PROMPT_SEQ, spec.state_end, suffix,
+                                               Read(fused_first, (), spec.tries[fused_first].children[()])))))
+                    hold(PROMPT_SEQ, len(suffix))
+                    own[fused_first] = len(suffix)
+                else:
+                    steps += state
                 hold(STATE_SEQ, spec.state_end - spec.head)
                 shared = spec.state_end - spec.head
                 if spec.state_key is not None:
                     steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end))
         for i in todo:
             prompt, trie = spec.prompts[i], spec.tries[i]
-            steps.append(Fork(STATE_SEQ, PROMPT_SEQ))
-            hold(PROMPT_SEQ, spec.state_end if snapshot else 0)
-            suffix = prompt[spec.state_end:]
-            steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens, Read(i, (), trie.children[()]))
-            hold(PROMPT_SEQ, len(suffix))
-            own[i] = len(suffix)
+            if i != fused_first:
+                steps.append(Fork(STATE_SEQ, PROMPT_SEQ))
+                hold(PROMPT_SEQ, spec.state_end if snapshot else 0)
+                suffix = prompt[spec.state_end:]
+                steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens,
+                                 Read(i, (), trie.children[()]))
+                hold(PROMPT_SEQ, len(suffix))
+                own[i] = len(suffix)
             paths = trie.inner_nodes
             room = limits.sequences - FIRST_PATH_SEQ
             if paths and room < 1:
