@@ -86,7 +86,7 @@ def test_a_request_past_its_deadline_in_the_queue_gets_503_and_never_reaches_the
     finally:
         release.set()
         first.join(30)
-    assert engine.calls == 2, "the probe and the first request; the late request was dropped, not scored"
+    assert engine.calls == 3, "the two probes and the first request; the late request was dropped, not scored"
 
 
 def test_a_draining_server_turns_new_requests_away_and_ping_says_so(app, client, example):

@@ -529,7 +529,7 @@ def test_the_deadline_counts_from_arrival_not_from_when_the_body_was_read(model_
     """A body that takes longer to arrive than the deadline leaves no time to score: 503 at once, retryable."""
     import http.client
 
-    with live_server(str(model_dir), ADAPTER_REQUEST_TIMEOUT_S="1.5") as (base, _):
+    with live_server(str(model_dir), ADAPTER_REQUEST_TIMEOUT_S="6") as (base, _):
         host, port = base.removeprefix("http://").split(":")
         slow = {"decision": {**example["decision"], "state": "A state nobody sent before, read slowly."}}
         body = json.dumps(slow).encode()  # not the probe's: a cached answer would be given whatever the time
@@ -538,7 +538,7 @@ def test_the_deadline_counts_from_arrival_not_from_when_the_body_was_read(model_
         connection.putheader("Content-Type", "application/json")
         connection.putheader("Content-Length", str(len(body)))
         connection.endheaders()
-        time.sleep(2.5)
+        time.sleep(7)  # past the 6 s deadline before the body arrives
         connection.send(body)
         response = connection.getresponse()
         answer = json.loads(response.read())

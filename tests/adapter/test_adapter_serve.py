@@ -15,7 +15,9 @@ from adapter_server import live_server
 
 @pytest.fixture(scope="module")
 def server(settings):
-    with live_server(settings.model_dir, ADAPTER_MAX_BODY_BYTES="65536", ADAPTER_GRACEFUL_TIMEOUT_S="60") as running:
+    # The deadline is not what these tests are about: on a busy machine 55 s could refuse the six-question request.
+    with live_server(settings.model_dir, ADAPTER_MAX_BODY_BYTES="65536", ADAPTER_GRACEFUL_TIMEOUT_S="60",
+                     ADAPTER_REQUEST_TIMEOUT_S="300") as running:
         yield running
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..engine.errors import PlanError
@@ -361,12 +361,20 @@ class DecisionModel:
         return results
 
     def probe(self) -> Scored:
-        """Score a fixed decision; start-up is not complete until this gives a proper distribution."""
+        """Score a fixed decision; start-up is not complete until this gives a proper distribution. A second
+        one over a state of about a micro-batch gives the scheduler its first measure of the decode speed at the
+        size that matters for admission (the first decision alone is mostly fixed costs)."""
         question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
                             tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
                             ("probe", "question"))
         prepared = self.prepare([question])
         [result] = self.score(prepared).results
+        room = min(512, self.prompt_ceiling // 2, self.limits.max_request_tokens // 2)
+        long_state = " ".join(f"({i}) {PROBE_STATE}" for i in range(1, max(2, room // 25)))
+        try:
+            self.score(self.prepare([replace(question, state=long_state)]))
+        except InputError:
+            pass  # limits too tight for it: the speed is measured on requests instead
         # Request text per evaluated token, for sizing Batch Transform payloads: the probe's state and question
         # text over what the plan decodes for them (a JSON record adds ids and keys: more bytes per token).
         text = state_segment(PROBE_STATE) + self.layout.question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)

@@ -21,7 +21,12 @@ request holds and whatever is cached:
 
 A prompt therefore sees the same micro-batches and the same cells alone, beside other questions, on a cache
 hit or on a miss, and its probabilities are the same bit for bit. The cost is that the questions of one
-request are decoded one after another rather than side by side, which on a CPU (compute-bound) costs little.
+request are decoded one after another rather than side by side, which on a CPU (compute-bound) costs little,
+and that a new state and its first question take two ``llama_decode`` calls where one would do.
+
+``Limits.fused`` (``ADAPTER_LAYOUT=fused``) saves that call: the state's last micro-batch and the first question's
+own tokens go in one, the state's tokens belonging to both sequences. The first question's answer then depends on
+whether its state was cached and on which question came first (measured in docs/benchmarks.md, "Layout").
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ from .readout import PromptScore, ScoreStats
 log = logging.getLogger(__name__)
 # A caller waits this much past the deadline for the job to be dropped at its step boundary before it cancels it.
 RESULT_GRACE_S = 0.5
-# Jobs that decode fewer tokens say little about the speed (their time is mostly fixed costs).
-SPEED_MIN_TOKENS = 32
-SPEED_WEIGHT = 0.3  # of the newest job in the running estimate
+# The speed is tokens over seconds summed over the recent jobs, each job weighing by its tokens (a large job's
+# rate is what admission needs to foresee, and small jobs' fixed costs would understate it), older jobs fading.
+SPEED_MEMORY = 0.8  # the weight the sums keep at each new job
 
 
 @runtime_checkable
@@ -86,7 +86,7 @@ class Scheduler:
         self._queued_tokens = 0
         self._running: Ticket | None = None
         self._stopping = False
-        self._tokens_per_s: float | None = None
+        self._decoded = self._seconds = 0.0  # the decaying sums the speed is read from
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -111,7 +111,7 @@ class Scheduler:
         queued, tokens = self._queued_tokens, ticket.tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
             raise Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
-        speed = self._tokens_per_s
+        speed = self.tokens_per_s
         if speed and not math.isinf(ticket.deadline):
             needed = (queued + tokens) / speed
             left = ticket.deadline - time.monotonic()
@@ -146,8 +146,9 @@ class Scheduler:
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Decode speed measured on the jobs run so far (a running estimate), None before the first."""
-        return self._tokens_per_s
+        """Decode speed measured on the jobs run so far (tokens over seconds, recent jobs weighing most), None
+        before the first."""
+        return self._decoded / self._seconds if self._seconds > 0 else None
 
     @property
     def in_flight(self) -> int:
@@ -207,7 +208,6 @@ class Scheduler:
         ticket.future.set_result(result)
 
     def _measure(self, tokens: int, seconds: float) -> None:
-        if tokens >= SPEED_MIN_TOKENS and seconds > 0:
-            speed = tokens / seconds
-            old = self._tokens_per_s
-            self._tokens_per_s = speed if old is None else (1 - SPEED_WEIGHT) * old + SPEED_WEIGHT * speed
+        if tokens > 0 and seconds > 0:
+            self._decoded = SPEED_MEMORY * self._decoded + tokens
+            self._seconds = SPEED_MEMORY * self._seconds + seconds
