@@ -88,7 +88,7 @@ bench-model: $(VENV)/.dev
 BENCH_TASKS ?= ../shared/benchmarks/jevbench
 BENCH_OUT ?= docs/benchmarks
 # The served prompt style first (order and calibration are measured with it), then the candidates it was chosen from.
-BENCH_STYLES ?= plain examples exact exact-examples exact-examples-digits
+BENCH_STYLES ?= plain lean examples exact exact-examples exact-examples-digits
 bench: $(VENV)/.dev
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT)/embedded-cpu $(BENCH_ARGS)
 	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)/embedded-cpu
@@ -101,6 +101,11 @@ bench: $(VENV)/.dev
 	$(PY) -m benchmarks.accuracy --model-dir "$$($(PY) -m benchmarks.bench_model)" --styles $(BENCH_STYLES) \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 	$(PY) -m benchmarks.accuracy --styles $(BENCH_STYLES) --orders --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.layout --per-tier 6 --max-state-chars 2000 --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.layout --model-dir "$$($(PY) -m benchmarks.bench_model)" --per-tier 6 --max-state-chars 2000 \
+		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.transform --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.transform --model-dir "$$($(PY) -m benchmarks.bench_model)" --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out
