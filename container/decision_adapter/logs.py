@@ -8,7 +8,9 @@ import sys
 import time
 from typing import Any
 
-REQUEST_LOGGER = "decision_adapter.requests"
+from .metric_logs import REQUEST
+
+REQUEST_LOGGER = REQUEST.logger
 
 
 class JsonFormatter(logging.Formatter):
@@ -36,4 +38,5 @@ def configure(level: str) -> None:
 
 
 def log_request(fields: dict[str, Any]) -> None:
-    logging.getLogger(REQUEST_LOGGER).info("request", extra={"fields": fields})
+    # A metric filter counts these lines: logger, message and status are defined in metric_logs.
+    REQUEST.log(fields)

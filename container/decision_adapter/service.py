@@ -22,6 +22,7 @@ from . import bodies
 from .admission import Admission
 from .errors import ApiError, busy
 from .fields import RequestContext
+from .metric_logs import SCORING_FAILED
 from .scheduler import Busy, DeadlineExceeded, ScoringFailed
 from .settings import Settings
 from .startup import Readiness, load_into
@@ -99,7 +100,8 @@ def score(model, prepared, state: AdapterState):
     except (Busy, DeadlineExceeded):
         raise busy(state.settings.retry_after_s) from None
     except ScoringFailed as exc:
-        log.error("scoring failed", extra={"fields": {"request_id": g.get("request_id"), "cause": str(exc)}})
+        # A metric filter counts this line (metric_logs); the ScoringFailures alarm rolls an update back on it.
+        SCORING_FAILED.log({"request_id": g.get("request_id"), "cause": str(exc)})
         raise ApiError(500, "scoring failed") from None
     return scored, stats, ticket.queue_s
 
