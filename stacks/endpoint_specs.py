@@ -24,6 +24,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
 from stacks import instance_types
+from stacks.adapter_logs import metric_logs
 from stacks.config import ADAPTER_KINDS, EndpointSettings, EnvironmentConfig, ImagePin, ModelPin
 
 VARIANT_NAME = "AllTraffic"
@@ -220,15 +221,10 @@ def _deployment(settings: EndpointSettings, variant: Variant, scarce_capacity: b
 
 
 def _adapter_log_metrics() -> tuple[LogMetric, ...]:
-    # The adapter writes one JSON line per request (logger decision_adapter.requests, message "request", with
-    # its HTTP status) and one more when scoring raises (decision_adapter.app, "scoring failed").
-    request = '$.logger = "decision_adapter.requests" && $.message = "request"'
-    return (
-        LogMetric("RequestsMetric", "Requests", "{ " + request + " }"),
-        LogMetric("BusyMetric", "BusyResponses", "{ " + request + " && $.status = 503 }"),
-        LogMetric("ScoringFailuresMetric", "ScoringFailures",
-                  '{ $.logger = "decision_adapter.app" && $.message = "scoring failed" }'),
-    )
+    # The adapter's own definitions of the lines and of what each metric counts (metric_logs): one JSON line per
+    # request with its HTTP status, and one more when scoring raises.
+    return tuple(LogMetric(f"{metric.metric_name}Metric", metric.metric_name, metric.filter_pattern())
+                 for metric in metric_logs.METRICS)
 
 
 def _invocations(endpoint_name: str, metric_name: str, statistic: str = "Sum",

@@ -9,6 +9,7 @@ from aws_cdk.assertions import Capture, Match
 
 import cdk_testkit
 from cdk_testkit import ENDPOINT_STACKS, MODEL_SHA256, REPOSITORY_ROOT, TEST_PINS, as_list, flatten, statements
+from stacks.adapter_logs import metric_logs
 
 KINDS = tuple(ENDPOINT_STACKS)
 ADAPTER_KINDS = ("cpu", "gpu")
@@ -319,27 +320,12 @@ def test_the_adapter_log_lines_feed_the_busy_and_failure_metrics(pinned):
             (transformation,) = metric_filter["MetricTransformations"]
             assert transformation["MetricNamespace"] == f"DecisionAdapter/{pinned.prefix}-{kind}"
             assert (transformation["MetricValue"], transformation["DefaultValue"]) == ("1", 0)
-        assert filters["BusyResponses"]["FilterPattern"] == \
-            '{ $.logger = "decision_adapter.requests" && $.message = "request" && $.status = 503 }'
+        # The adapter's own definitions (container/decision_adapter/metric_logs.py); tests/deploy/test_log_contract
+        # checks them against the lines the running adapter writes.
+        assert {name: f["FilterPattern"] for name, f in filters.items()} == {
+            m.metric_name: m.filter_pattern() for m in metric_logs.METRICS}
         assert filters["ScoringFailures"]["FilterPattern"] == \
-            '{ $.logger = "decision_adapter.app" && $.message = "scoring failed" }'
-
-
-def test_the_filter_patterns_match_the_adapters_log_lines():
-    """The patterns, read as CloudWatch reads JSON patterns, select exactly the lines the adapter writes."""
-    from stacks.endpoint_specs import _adapter_log_metrics
-
-    def matches(pattern: str, line: dict) -> bool:
-        clauses = re.findall(r'\$\.(\w+) = ("[^"]*"|\d+)', pattern)
-        return all(str(line.get(key)) == value.strip('"') for key, value in clauses)
-
-    busy = {"level": "info", "logger": "decision_adapter.requests", "message": "request", "status": 503}
-    ok = {**busy, "status": 200}
-    failure = {"level": "error", "logger": "decision_adapter.app", "message": "scoring failed"}
-    patterns = {m.metric_name: m.pattern for m in _adapter_log_metrics()}
-    assert [matches(patterns["BusyResponses"], line) for line in (busy, ok, failure)] == [True, False, False]
-    assert [matches(patterns["Requests"], line) for line in (busy, ok, failure)] == [True, True, False]
-    assert [matches(patterns["ScoringFailures"], line) for line in (busy, ok, failure)] == [False, False, True]
+            '{ $.logger = "decision_adapter.service" && $.message = "scoring failed" }'
 
 
 def test_endpoints_have_stable_names_and_generated_configs(pinned):
