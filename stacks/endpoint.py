@@ -52,11 +52,13 @@ class SageMakerEndpoint(Construct):
                               metric_value="1", default_value=0)
             for metric in spec.log_metrics]
 
-        # Alarms name the endpoint by its fixed name (not a reference), so the endpoint can name them in turn.
+        # Alarms name the endpoint by its fixed name (not a reference), so the endpoint can name them in turn. Their
+        # own names are fixed too: the alarm topic's policy lets CloudWatch publish for these alarm ARNs only.
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         for alarm_spec in spec.alarms:
             alarm = cloudwatch.Alarm(
-                self, alarm_spec.construct_id, alarm_description=alarm_spec.description, metric=alarm_spec.metric,
+                self, alarm_spec.construct_id, alarm_name=spec.alarm_name(alarm_spec),
+                alarm_description=alarm_spec.description, metric=alarm_spec.metric,
                 threshold=alarm_spec.threshold, comparison_operator=alarm_spec.comparison,
                 evaluation_periods=alarm_spec.evaluation_periods, datapoints_to_alarm=alarm_spec.datapoints_to_alarm,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING)

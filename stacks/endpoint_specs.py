@@ -133,6 +133,15 @@ class EndpointSpec:
     def log_metrics_namespace(self) -> str:
         return f"{ADAPTER_METRICS_NAMESPACE}/{self.endpoint_name}"
 
+    def alarm_name(self, alarm: AlarmSpec) -> str:
+        """Alarms have fixed names (<endpoint>-<alarm>): the monitoring stack's topic policy lets CloudWatch publish
+        for exactly these alarms, without depending on the endpoint stacks."""
+        return f"{self.endpoint_name}-{alarm.construct_id}"
+
+    @property
+    def alarm_names(self) -> tuple[str, ...]:
+        return tuple(self.alarm_name(alarm) for alarm in self.alarms)
+
 
 def endpoint_specs(config: EnvironmentConfig) -> tuple[EndpointSpec, ...]:
     """Every endpoint kind, enabled or not (a disabled or unpinned one gets an empty stack)."""

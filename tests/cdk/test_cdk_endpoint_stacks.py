@@ -332,7 +332,10 @@ def test_endpoints_have_stable_names_and_generated_configs(pinned):
     for kind in KINDS:
         for resource_type in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig"):
             assert not {"ModelName", "EndpointConfigName"} & set(one(pinned, kind, resource_type)["Properties"])
-        assert not any("AlarmName" in a["Properties"] for a in alarms(pinned, kind).values())
+        # Alarms have fixed names, which the alarm topic's policy lists (test_cdk_monitoring_stack).
+        name = f"{pinned.prefix}-{kind.replace('_', '-')}"
+        assert {alarm_id: a["Properties"]["AlarmName"] for alarm_id, a in alarms(pinned, kind).items()} == {
+            alarm_id: f"{name}-{alarm_id}" for alarm_id in alarms(pinned, kind)}
 
 
 def test_log_groups_exist_before_the_endpoints(pinned):
