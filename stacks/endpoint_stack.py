@@ -121,8 +121,7 @@ class EndpointStack(cdk.Stack):
             nag.acknowledge(role, artifacts.bucket_objects_finding(f"{prefix}*"),
                             f"Batch Transform {why}; the object keys are chosen per job, so the role is limited to "
                             f"the {prefix} prefix of the artifact bucket.")
-        nag.acknowledge(role, nag.wildcard_resource(
-            f"arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:{TRANSFORM_LOG_GROUP}:log-stream:*"),
+        nag.acknowledge(role, nag.wildcard_resource_of(self, streams),
             "SageMaker names a transform job's log streams per job and instance; the role may write streams of "
             "the one transform log group only.")
 
