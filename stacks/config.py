@@ -205,8 +205,24 @@ ModelKey = Text(_MODEL_KEY, "a key of the form models/<pin>/<gguf sha256>/model.
 Sha256Hex = Text(_HEX64, "64 lowercase hex characters")
 RemovalPolicy = OneOf(("destroy", "retain"))
 EmailAddress = Text(_EMAIL, "an email address")
-AccountId = Text(_ACCOUNT, "a 12-digit AWS account id")
-RegionName = Text(_REGION, "an AWS region name such as us-east-1")
+class _LocationRequired:
+    """Stands for an account or region that cdk.json must name but does not (see _require_location): its field's
+    check reports the reason, beside every other problem of the environment."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _location(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: Any) -> str:
+        if isinstance(value, _LocationRequired):
+            raise _problem(value.message)
+        return _matching(value, pattern, what)
+    return _checked(check, str)
+
+
+AccountId = _location(_ACCOUNT, "a 12-digit AWS account id")
+RegionName = _location(_REGION, "an AWS region name such as us-east-1")
 NamePrefix = Text(_NAME_PREFIX, "3 to 24 characters of a-z, 0-9 and '-', starting with a letter (stack names and tags)")
 
 
@@ -452,9 +468,10 @@ class EnvironmentConfig(_Settings):
         if "name" in data:
             raise _field_problems(cls.__name__, [(("name",), "unknown key", data["name"])])
         context = info.context
+        required = _required_location(data)
         return {**data, "name": context["name"],
-                "account": data.get("account") or context["default_account"],
-                "region": data.get("region") or context["default_region"]}
+                "account": data.get("account") or required.get("account") or context["default_account"],
+                "region": data.get("region") or required.get("region") or context["default_region"]}
 
     @model_validator(mode="after")
     def _each_kind_once(self):
@@ -476,6 +493,23 @@ class EnvironmentConfig(_Settings):
     @property
     def artifacts_stack_name(self) -> str:
         return f"{self.name_prefix}-artifacts"
+
+
+def _required_location(data: Mapping[str, Any]) -> dict[str, _LocationRequired]:
+    """An environment whose stacks refuse deletion, or leave resources behind, is deployed to the account and
+    region cdk.json names, never to wherever the caller's credentials and region happen to point: for each of the
+    two that cdk.json leaves out, the reason to report at its key."""
+    artifacts = data.get("artifacts")
+    retained = isinstance(artifacts, Mapping) and artifacts.get("removal_policy") == "retain"
+    protected = data.get("termination_protection") is True
+    if not (retained or protected):
+        return {}
+    why = " and ".join(([] if not protected else ["termination_protection is true"]) +
+                       ([] if not retained else ["artifacts.removal_policy is retain"]))
+    return {key: _LocationRequired(f"is required because {why}: this environment deploys only to the {key} named "
+                                   f"here, not to the caller's (set {example})")
+            for key, example in (("account", "the 12-digit account id"), ("region", 'e.g. "eu-west-1"'))
+            if not data.get(key)}
 
 
 # The keys load_environment supplies itself; cdk.json may not set them.

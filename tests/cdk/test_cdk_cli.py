@@ -45,18 +45,28 @@ def test_package_json_pins_the_cli_exactly():
     assert json.loads((ROOT / "cdk.json").read_text())["app"] == ".venv/bin/python app.py"
 
 
-@pytest.mark.parametrize("env", cdk_testkit.ENVIRONMENTS)
-def test_npx_cdk_synth_succeeds_for_each_environment(env, tmp_path):
-    completed = run_cdk("synth", "-c", f"env={env}", "--output", str(tmp_path / "cdk.out"), "--quiet")
+def test_npx_cdk_synth_of_a_fresh_clone_succeeds_for_dev(tmp_path):
+    completed = run_cdk("synth", "-c", "env=dev", "--output", str(tmp_path / "cdk.out"), "--quiet")
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    prefix = cdk_testkit.cdk_json_context()["environments"][env]["name_prefix"]
+    prefix = cdk_testkit.cdk_json_context()["environments"]["dev"]["name_prefix"]
     for kind in cdk_testkit.STACK_KINDS:
         assert (tmp_path / "cdk.out" / f"{prefix}-{kind}.template.json").exists()
     # A fresh clone pins nothing: the endpoints are left out, saying which keys to set.
     for kind in ("cpu", "gpu", "text_generation"):
-        assert f"environments.{env}.pins.images.{kind} and environments.{env}.pins.model are set" in completed.stderr
+        assert f"environments.dev.pins.images.{kind} and environments.dev.pins.model are set" in completed.stderr
     assert "AwsSolutions" not in completed.stderr
     shutil.rmtree(tmp_path / "cdk.out")
+
+
+def test_npx_cdk_synth_of_a_fresh_clone_asks_for_prods_account_and_region(tmp_path):
+    """prod (termination protection, retained artifacts) never deploys to wherever the caller's credentials point."""
+    completed = run_cdk("synth", "-c", "env=prod", "--output", str(tmp_path / "cdk.out"), "--quiet",
+                        region="eu-west-1")
+    assert completed.returncode != 0
+    for key in ("account", "region"):
+        assert f"environments.prod.{key}: is required because termination_protection is true and " \
+               f"artifacts.removal_policy is retain" in completed.stderr
+    assert "Traceback" not in completed.stderr
 
 
 def pinned_checkout(tmp_path) -> Path:
@@ -123,3 +133,5 @@ def test_an_invalid_value_fails_synth_naming_its_key(tmp_path):
     assert "environments.prod.gpu.provision_timeout_s: 120 is outside 300..3600" in completed.stderr
     assert "environments.prod.pins.images.cpu: 'decision-images:latest' is pinned by the mutable tag ':latest'" \
         in completed.stderr
+    # Every problem at once: the shipped prod names no account yet either.
+    assert "environments.prod.account: is required because" in completed.stderr
