@@ -239,7 +239,7 @@ class EndpointSettings(_Settings):
     initial_instance_count: Integer(1, 100)
     max_instance_count: Integer(1, 100)
     # Target tracking on SageMakerVariantInvocationsPerInstance (per minute), one target per instance type the
-    # variant runs on: an L40S serves several times what a T4 does.
+    # variant runs on; the policy tracks the lowest (the slowest pool's). Derived in stacks/sizing.py.
     target_invocations_per_instance: Annotated[dict[str, Integer(1, 100_000)], BeforeValidator(_object(
         "an object mapping each instance type of the endpoint to its target invocations per instance and minute"))]
     scale_in_cooldown_s: Integer(0, 3600)
@@ -247,13 +247,25 @@ class EndpointSettings(_Settings):
     # ProductionVariant ContainerStartupHealthCheckTimeoutInSeconds / ModelDataDownloadTimeoutInSeconds: 60..3600.
     startup_health_check_timeout_s: Integer(60, 3600)
     model_download_timeout_s: Integer(60, 3600)
-    # The ModelLatency p99 (milliseconds) above which the endpoint's latency alarm fires.
-    model_latency_p99_ms: Integer(10, 600_000)
+    # The ModelLatency p99 (milliseconds) above which the latency alarm fires, per instance type; the alarm uses the
+    # highest (the slowest pool's). Derived in stacks/sizing.py; at most SageMaker's 60 s invocation timeout.
+    model_latency_p99_ms: Annotated[dict[str, Integer(10, 60_000)], BeforeValidator(_object(
+        "an object mapping each instance type of the endpoint to its ModelLatency p99 alarm threshold in ms"))]
 
     @property
     def variant_instance_types(self) -> tuple[str, ...]:
         """Every instance type the variant may run on."""
         raise NotImplementedError
+
+    @property
+    def scaling_target(self) -> int:
+        """The slowest instance type's target: a fleet that fell back to it must not be loaded like a faster one."""
+        return min(self.target_invocations_per_instance[t] for t in self.variant_instance_types)
+
+    @property
+    def latency_threshold_ms(self) -> int:
+        """The slowest instance type's threshold: a fallback to it during an update must not roll the update back."""
+        return max(self.model_latency_p99_ms[t] for t in self.variant_instance_types)
 
     def _own_problems(self) -> list:
         """Cross-field problems particular to a kind, as _field_problems takes them."""
@@ -262,15 +274,16 @@ class EndpointSettings(_Settings):
     @model_validator(mode="after")
     def _cross_field_checks(self):
         problems = self._own_problems()
-        targets = self.target_invocations_per_instance
-        for instance_type in self.variant_instance_types:
-            if instance_type not in targets:
-                problems.append((("target_invocations_per_instance",), f"has no target for {instance_type} (every "
-                                 f"instance type the endpoint runs on needs one)", targets))
-        for instance_type in targets:
-            if instance_type not in self.variant_instance_types:
-                problems.append((("target_invocations_per_instance", instance_type), f"is not an instance type of "
-                                 f"this endpoint ({', '.join(self.variant_instance_types)})", targets[instance_type]))
+        for key, what in (("target_invocations_per_instance", "target"), ("model_latency_p99_ms", "threshold")):
+            per_type = getattr(self, key)
+            for instance_type in self.variant_instance_types:
+                if instance_type not in per_type:
+                    problems.append(((key,), f"has no {what} for {instance_type} (every instance type the endpoint "
+                                     f"runs on needs one)", per_type))
+            for instance_type in per_type:
+                if instance_type not in self.variant_instance_types:
+                    problems.append(((key, instance_type), f"is not an instance type of this endpoint "
+                                     f"({', '.join(self.variant_instance_types)})", per_type[instance_type]))
         if self.initial_instance_count > self.max_instance_count:
             problems.append((("initial_instance_count",), f"{self.initial_instance_count} is above "
                              f"max_instance_count ({self.max_instance_count})", self.initial_instance_count))

@@ -72,6 +72,7 @@ def test_gpu_pools_keep_their_order():
     def edit(environment):
         environment["gpu"]["instance_pools"] = ["ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge"]
         environment["gpu"]["target_invocations_per_instance"].pop("ml.g6e.xlarge")
+        environment["gpu"]["model_latency_p99_ms"].pop("ml.g6e.xlarge")
     config = parse(edit=edit)
     assert config.gpu.instance_pools == ("ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge")
 
@@ -226,7 +227,12 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
     (setting("cpu.target_invocations_per_instance", {"ml.c7i.2xlarge": 0}),
      "environments.prod.cpu.target_invocations_per_instance['ml.c7i.2xlarge']: 0 is outside 1..100000"),
     (removing("cpu.model_latency_p99_ms"), "environments.prod.cpu.model_latency_p99_ms: is required"),
-    (setting("gpu.model_latency_p99_ms", 5), "environments.prod.gpu.model_latency_p99_ms: 5 is outside 10..600000"),
+    (setting("gpu.model_latency_p99_ms", 5000), "environments.prod.gpu.model_latency_p99_ms: expected an object mapping "
+                                                "each instance type of the endpoint to its ModelLatency p99"),
+    (lambda e: e["gpu"]["model_latency_p99_ms"].__setitem__("ml.g5.xlarge", 61000),
+     "environments.prod.gpu.model_latency_p99_ms['ml.g5.xlarge']: 61000 is outside 10..60000"),
+    (lambda e: e["gpu"]["model_latency_p99_ms"].pop("ml.g4dn.xlarge"),
+     "environments.prod.gpu.model_latency_p99_ms: has no threshold for ml.g4dn.xlarge"),
     (setting("monitoring", {"alarm_emails": ["oncall"]}),
      "environments.prod.monitoring.alarm_emails[0]: 'oncall' is not an email address"),
     (setting("monitoring", {"alarm_email": []}), "environments.prod.monitoring.alarm_email: unknown key (expected "

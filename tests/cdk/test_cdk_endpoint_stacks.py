@@ -135,6 +135,8 @@ def test_pools_set_in_cdk_json_keep_their_order():
         environment["gpu"]["instance_pools"] = reordered
         environment["gpu"]["target_invocations_per_instance"] = {"ml.g4dn.xlarge": 90, "ml.g6e.xlarge": 400,
                                                                  "ml.g6.xlarge": 200}
+        environment["gpu"]["model_latency_p99_ms"] = {"ml.g4dn.xlarge": 9000, "ml.g6e.xlarge": 2000,
+                                                      "ml.g6.xlarge": 4000}
     synth = cdk_testkit.synthesized_with("dev", edit)
     pools = Capture()
     synth.assertions("endpoint-gpu").has_resource_properties("AWS::SageMaker::EndpointConfig", {
@@ -143,6 +145,8 @@ def test_pools_set_in_cdk_json_keep_their_order():
     # The slowest pool's target: a fleet that fell back to T4s must not be loaded like L40Ss.
     policy = one(synth, "gpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 90
+    # And its latency threshold: a fallback to T4s during an update must not roll the update back.
+    assert alarms(synth, "gpu")["ModelLatencyP99"]["Properties"]["Threshold"] == 9000 * 1000
 
 
 @pytest.mark.parametrize("kind", ["cpu", "text_generation"])
@@ -194,14 +198,13 @@ def test_scaling_tracks_invocations_with_the_instance_types_target(pinned, kind)
         "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
         "TargetValue": min(targets.values()),
         "ScaleInCooldown": config["scale_in_cooldown_s"], "ScaleOutCooldown": config["scale_out_cooldown_s"]}
-    if kind == "gpu":
-        assert targets["ml.g6e.xlarge"] > targets["ml.g4dn.xlarge"]   # an L40S is not a T4
 
 
 def test_a_different_cpu_instance_type_gets_its_own_target():
     def edit(environment):
         environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
         environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 120}
+        environment["cpu"]["model_latency_p99_ms"] = {"ml.c7i.4xlarge": 25000}
     synth = cdk_testkit.synthesized_with("prod", edit)
     policy = one(synth, "cpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 120
@@ -222,18 +225,19 @@ def alarm_names(synth, kind, ids):
             if alarm_id in found]
 
 
-ROLLBACK_ALARMS = ["Invocation5xxRate", "ModelLatencyP99", "BusyRate", "ScoringFailures", "DiskUtilization"]
+ROLLBACK_ALARMS = ["Invocation5xxRate", "ModelLatencyP99", "ScoringFailures", "MemoryUtilization", "DiskUtilization"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_updates_roll_back_on_the_error_latency_and_disk_alarms(pinned, kind):
+def test_updates_roll_back_on_faults_never_on_load(pinned, kind):
     deployment = endpoint(pinned, kind)["Properties"]["DeploymentConfig"]
     rollback = deployment["AutoRollbackConfiguration"]["Alarms"]
     assert rollback == alarm_names(pinned, kind, ROLLBACK_ALARMS)
-    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 3)
-    # Utilization is load, not a fault of the new version.
-    utilization = "GpuUtilization" if kind == "gpu" else "CpuUtilization"
-    assert utilization in alarms(pinned, kind) and alarm_names(pinned, kind, [utilization])[0] not in rollback
+    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 4)
+    # Busy 503s and utilization are load, not a fault of the new version: they notify, they never roll back.
+    load = ["GpuUtilization" if kind == "gpu" else "CpuUtilization"] + (["BusyRate"] if kind in ADAPTER_KINDS else [])
+    for alarm_id in load:
+        assert alarm_id in alarms(pinned, kind) and alarm_names(pinned, kind, [alarm_id])[0] not in rollback
 
 
 def test_deployment_strategies_per_variant_and_fleet(pinned):
@@ -266,7 +270,7 @@ def test_deployment_strategies_per_variant_and_fleet(pinned):
 @pytest.mark.parametrize("kind", KINDS)
 def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind):
     found = alarms(pinned, kind)
-    expected = {"Invocation5xxRate", "ModelLatencyP99", "DiskUtilization",
+    expected = {"Invocation5xxRate", "ModelLatencyP99", "MemoryUtilization", "DiskUtilization",
                 "GpuUtilization" if kind == "gpu" else "CpuUtilization"}
     if kind in ADAPTER_KINDS:
         expected |= {"BusyRate", "ScoringFailures"}
@@ -289,17 +293,50 @@ def test_latency_alarm_uses_the_endpoints_p99_target(pinned):
         properties = alarms(pinned, kind)["ModelLatencyP99"]["Properties"]
         assert properties["ExtendedStatistic"] == "p99" and properties["MetricName"] == "ModelLatency"
         assert properties["Namespace"] == "AWS/SageMaker"
-        # ModelLatency is reported in microseconds.
-        assert properties["Threshold"] == settings(pinned, kind)["model_latency_p99_ms"] * 1000
+        # ModelLatency is reported in microseconds; the slowest instance type's threshold.
+        assert properties["Threshold"] == max(settings(pinned, kind)["model_latency_p99_ms"].values()) * 1000
+        assert properties["Threshold"] <= 60_000_000   # SageMaker's invocation timeout
+
+
+def metric_math(properties) -> tuple[str, dict[str, tuple[str, str]]]:
+    (expression,) = [m for m in properties["Metrics"] if "Expression" in m]
+    inputs = {m["Id"]: (m["MetricStat"]["Metric"]["Namespace"], m["MetricStat"]["Metric"]["MetricName"])
+              for m in properties["Metrics"] if "MetricStat" in m}
+    return expression["Expression"], inputs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_fault_rate_leaves_out_the_adapters_busy_503s(pinned, kind):
+    """SageMaker's Invocation5XXErrors counts the adapter's busy 503s (load); the rollback alarm subtracts them."""
+    expression, inputs = metric_math(alarms(pinned, kind)["Invocation5xxRate"]["Properties"])
+    assert inputs["errors"] == ("AWS/SageMaker", "Invocation5XXErrors")
+    assert inputs["invocations"] == ("AWS/SageMaker", "Invocations")
+    if kind in ADAPTER_KINDS:
+        assert inputs["busy"] == (f"DecisionAdapter/{pinned.prefix}-{kind}", "BusyResponses")
+        assert expression == ("IF(invocations > 0 AND errors > FILL(busy, 0), "
+                              "100 * (errors - FILL(busy, 0)) / invocations, 0)")
+    else:   # llama-server queues behind its slots: its 5xx are faults
+        assert set(inputs) == {"errors", "invocations"}
+        assert expression == "IF(invocations > 0, 100 * errors / invocations, 0)"
+    assert alarms(pinned, kind)["Invocation5xxRate"]["Properties"]["Threshold"] == 5
+
+
+def test_a_canary_must_carry_more_traffic_than_the_fault_rate_threshold():
+    """At 20 instances a one-instance canary that failed every request would be 5 % of the traffic: no rollback."""
+    with pytest.raises(Exception, match=r"environments\.prod\.cpu\.max_instance_count: 20 instances: a canary of "
+                                        r"one instance would carry 5\.0 % of the traffic"):
+        cdk_testkit.synthesized_with("prod", lambda e: e["cpu"].__setitem__("max_instance_count", 20))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_growth_rolls_back(pinned, kind):
+    properties = alarms(pinned, kind)["MemoryUtilization"]["Properties"]
+    assert (properties["Namespace"], properties["MetricName"], properties["Statistic"]) == (
+        "/aws/sagemaker/Endpoints", "MemoryUtilization", "Maximum")
+    assert properties["Threshold"] == 90
 
 
 def test_error_and_busy_rates_are_metric_math(pinned):
-    error = alarms(pinned, "cpu")["Invocation5xxRate"]["Properties"]
-    expression = [m for m in error["Metrics"] if "Expression" in m]
-    assert expression[0]["Expression"] == "IF(invocations > 0, 100 * errors / invocations, 0)"
-    assert {m["MetricStat"]["Metric"]["MetricName"] for m in error["Metrics"] if "MetricStat" in m} == {
-        "Invocation5XXErrors", "Invocations"}
-    assert error["Threshold"] == 5
     busy = alarms(pinned, "cpu")["BusyRate"]["Properties"]
     namespaces = {m["MetricStat"]["Metric"]["Namespace"] for m in busy["Metrics"] if "MetricStat" in m}
     assert namespaces == {f"DecisionAdapter/{pinned.prefix}-cpu"}
