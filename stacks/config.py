@@ -247,6 +247,9 @@ class EndpointSettings(_Settings):
     # ProductionVariant ContainerStartupHealthCheckTimeoutInSeconds / ModelDataDownloadTimeoutInSeconds: 60..3600.
     startup_health_check_timeout_s: Integer(60, 3600)
     model_download_timeout_s: Integer(60, 3600)
+    # Auto scaling registered (ScalableTarget and target tracking). false for the one deploy that changes the
+    # instance type or the pools: SageMaker refuses UpdateEndpoint on a variant registered with auto scaling.
+    autoscaling: _checked(_boolean, bool) = True
     # The ModelLatency p99 (milliseconds) above which the latency alarm fires, per instance type; the alarm uses the
     # highest (the slowest pool's). Derived in stacks/sizing.py; at most SageMaker's 60 s invocation timeout.
     model_latency_p99_ms: Annotated[dict[str, Integer(10, 60_000)], BeforeValidator(_object(

@@ -20,6 +20,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from stacks import updates
 from stacks.endpoint_specs import VARIANT_NAME, Deployment, EndpointSpec
 from stacks.retention import retention_days
 from stacks.roles import policy_of
@@ -115,7 +116,15 @@ class SageMakerEndpoint(Construct):
         self.endpoint.node.add_dependency(policy_of(execution_role))
 
         # Target tracking on invocations per instance, between the initial and the maximum count. Application
-        # Auto Scaling uses its SageMaker service-linked role (no RoleARN).
+        # Auto Scaling uses its SageMaker service-linked role (no RoleARN). cdk.json autoscaling false leaves both
+        # out: SageMaker refuses to change the instance type of a variant registered with auto scaling, so an
+        # instance-type change deploys once without them (README, "Change the instance type or the pools").
+        self.scalable_target = self.scaling_policy = None
+        if settings.autoscaling:
+            self._add_scaling(spec)
+
+    def _add_scaling(self, spec: EndpointSpec) -> None:
+        settings = spec.settings
         self.scalable_target = appscaling.CfnScalableTarget(
             self, "ScalableTarget",
             service_namespace="sagemaker",
@@ -150,7 +159,8 @@ def _deployment_config(deployment: Deployment, rollback_alarms: list[cloudwatch.
             auto_rollback_configuration=rollback,
             rolling_update_policy=Endpoint.RollingUpdatePolicyProperty(
                 # Half the fleet per batch, the most SageMaker allows; a rollback restores the old fleet at once.
-                maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=50),
+                maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT",
+                                                                  value=updates.ROLLING_BATCH_PERCENT),
                 rollback_maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=100),
                 wait_interval_in_seconds=deployment.bake_s,
                 maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s))

@@ -32,7 +32,7 @@ from typing import Literal
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
-from stacks import instance_types
+from stacks import instance_types, updates
 from stacks.adapter_logs import metric_logs
 from stacks.config import ADAPTER_KINDS, ConfigError, EndpointSettings, EnvironmentConfig, ImagePin, ModelPin
 
@@ -114,6 +114,7 @@ class AlarmSpec:
 @dataclass(frozen=True)
 class EndpointSpec:
     kind: str                          # the cdk.json name: cpu, gpu, text_generation
+    settings_key: str                  # its settings' key path in cdk.json, for messages
     slug: str                          # in stack and endpoint names: cpu, gpu, text-generation
     title: str
     endpoint_name: str
@@ -216,7 +217,7 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
     log_metrics = _adapter_log_metrics() if adapter else ()
     namespace = f"{ADAPTER_METRICS_NAMESPACE}/{endpoint_name}"
     return EndpointSpec(
-        kind=kind, slug=slug, title=title, endpoint_name=endpoint_name,
+        kind=kind, settings_key=config.key(kind), slug=slug, title=title, endpoint_name=endpoint_name,
         stack_name=config.endpoint_stack_name(kind), enabled=kind in config.endpoints, missing_pins=missing,
         image=image, model=config.pins.model, settings=settings, variant=variant, environment=environment,
         scaling_target=settings.scaling_target,
@@ -228,16 +229,15 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
 
 def _deployment(settings: EndpointSettings, variant: Variant, scarce_capacity: bool) -> Deployment:
     # The fleet never has fewer instances than the scaling minimum (initial_instance_count).
-    fleet = settings.initial_instance_count
-    strategy = "rolling" if scarce_capacity and fleet >= 2 else "blue_green"
-    traffic = None if strategy == "rolling" else "CANARY" if fleet >= 2 else "ALL_AT_ONCE"
+    update = updates.plan(scarce_capacity=scarce_capacity, initial_instance_count=settings.initial_instance_count)
     # One step: provision (pools fall back within provision_timeout_s), download, health check, bake. Rolling
     # at 50 % takes two steps; blue/green a canary step and the final bake; with rollback time beside them.
     step_s = (variant.provision_timeout_s or 0) + settings.model_download_timeout_s + \
         settings.startup_health_check_timeout_s + BAKE_S
-    steps = 2 if strategy == "rolling" or traffic == "CANARY" else 1
+    steps = 2 if update.strategy == "rolling" or update.traffic == "CANARY" else 1
     timeout = min(28_800, max(600, (steps + 1) * step_s + BAKE_S))   # DeploymentConfig's range: 600..28800
-    return Deployment(strategy=strategy, traffic=traffic, bake_s=BAKE_S, maximum_execution_timeout_s=timeout)
+    return Deployment(strategy=update.strategy, traffic=update.traffic, bake_s=BAKE_S,
+                      maximum_execution_timeout_s=timeout)
 
 
 def _check_canary(config: EnvironmentConfig, kind: str, settings: EndpointSettings,

@@ -509,3 +509,36 @@ def test_outputs_name_the_endpoint_model_and_transform_instance(pinned):
             assert outputs["TransformInstanceType"]["Value"] == expected
         else:
             assert "TransformInstanceType" not in outputs
+
+
+def test_autoscaling_false_detaches_scaling_and_keeps_the_endpoint():
+    """Step one of an instance-type change: the endpoint stays, the scalable target and its policy go."""
+    synth = cdk_testkit.synthesized_with("prod", lambda e: e["cpu"].__setitem__("autoscaling", False))
+    assert synth.resources("endpoint-cpu", "AWS::ApplicationAutoScaling::ScalableTarget") == {}
+    assert synth.resources("endpoint-cpu", "AWS::ApplicationAutoScaling::ScalingPolicy") == {}
+    assert [e["Properties"]["EndpointName"] for e in synth.resources("endpoint-cpu", "AWS::SageMaker::Endpoint")
+            .values()] == ["decision-prod-cpu"]
+    assert endpoint(synth, "cpu")["Properties"]["RetainAllVariantProperties"] is True
+    # The other endpoints keep theirs, and the template says why the fleet no longer scales.
+    assert synth.resources("endpoint-gpu", "AWS::ApplicationAutoScaling::ScalableTarget")
+    assert [w for w in synth.warnings() if "detached" in w] == [
+        "Auto scaling of the cpu endpoint is detached (environments.prod.cpu.autoscaling is false): its fleet stays "
+        "at the instance count it has. Set it back to true once the instance type or pool change is deployed "
+        "(README.md, Deploy)."]
+
+
+def test_step_two_changes_the_instance_type_with_scaling_still_detached_then_step_three_attaches_it():
+    def new_type(attached):
+        def edit(environment):
+            environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
+            environment["cpu"]["threads"] = 16
+            environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 17}
+            environment["cpu"]["model_latency_p99_ms"] = {"ml.c7i.4xlarge": 23000}
+            environment["cpu"]["autoscaling"] = attached
+        return edit
+    detached = cdk_testkit.synthesized_with("prod", new_type(False))
+    assert variant(detached, "cpu")["InstanceType"] == "ml.c7i.4xlarge"
+    assert detached.resources("endpoint-cpu", "AWS::ApplicationAutoScaling::ScalableTarget") == {}
+    attached = cdk_testkit.synthesized_with("prod", new_type(True))
+    policy = one(attached, "cpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
+    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 17
