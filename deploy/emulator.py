@@ -1,7 +1,9 @@
 """moto's server on loopback, for the deploy rehearsal (deploy/rehearse.py), with its gaps to real AWS closed.
 
 Each change below makes the emulator do what the real service does; none changes what the stacks or the CLI send,
-and none makes a resource moto lacks appear to exist (those are listed in README, "Deploy rehearsal"):
+and none makes a resource type exist that moto's services do not implement (the types moto's CloudFormation
+skips are listed in README, "Deploy rehearsal"). The changes apply to the moto of the process that calls
+:func:`start`; ``make rehearse`` and its test run in a process of their own.
 
 - **Generated ECR repository names.** CloudFormation names an ECR repository it generates a name for in lower
   case (ECR allows nothing else); moto reuses its generic ``<stack>-<LogicalId>-<suffix>`` and then refuses its own
@@ -58,7 +60,7 @@ def _patch() -> None:
     from moto.cloudformation import models as cfn_models
     from moto.cloudformation import parsing
     from moto.cloudformation import responses as cfn_responses
-    from moto.core.responses import ActionResult, EmptyResult
+    from moto.core.responses import ActionResult
     from moto.kms import models as kms_models
     from moto.sagemaker import models as sagemaker_models
     from moto.sagemaker.exceptions import ValidationError as SageMakerValidationError
@@ -188,7 +190,6 @@ def _patch() -> None:
         return ActionResult({"StackId": stack_id})
 
     cfn_responses.CloudFormationResponse.update_termination_protection = update_termination_protection_action
-    del EmptyResult
     _PATCHED = True
 
 

@@ -60,7 +60,7 @@ def check(condition: bool, message: str) -> None:
 
 
 class Rehearsal:
-    def __init__(self, workdir: Path, port: int, log: Callable[[str], None] = print):
+    def __init__(self, workdir: Path, port: int, log: Callable[[str], None]):
         self.workdir, self.port, self.log = workdir, port, log
         self.url = f"http://localhost:{port}"
         self.checkout = workdir / "app"
@@ -208,7 +208,7 @@ class Rehearsal:
               f"exports left: {sorted(self.exports())}")
 
 
-def rehearse(log: Callable[[str], None] = print) -> None:
+def rehearse(log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
     if not CLI.exists():
         raise RehearsalFailed("the aws-cdk CLI is not installed: run make node_modules/.installed (npm ci)")
     server, port = emulator.start()
