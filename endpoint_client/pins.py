@@ -2,13 +2,14 @@
 
 Before ``npx cdk deploy``, for every endpoint the environment lists: the pinned image digest exists in its
 repository (the project repository from the artifacts stack's outputs, or the private ECR repository of a pinned
-URI), and the pinned model archive exists in the artifact bucket. An image in the project repository must also
+URI) as a Docker image manifest (schema 2, the only kind SageMaker pulls: an OCI manifest or an index is refused
+with "Unsupported manifest media type"), and the pinned model archive exists in the artifact bucket. An image in the project repository must also
 carry its protective tag ``pinned-<digest hex>``, which the repository's first lifecycle rule never expires
 (stacks/artifacts_stack.py); ``--protect`` adds the tags that are missing (ECR PutImage of the same manifest
 under one more tag: the repository's tags are immutable, the digest stays).
 
-Prints one line per pin; exit codes: 0 every pin exists (and is protected), 1 a pin is missing or unprotected,
-2 bad arguments or cdk.json, 4 no region or credentials.
+Prints one line per pin; exit codes: 0 every pin exists (as a Docker manifest, and protected), 1 a pin is missing,
+of a media type SageMaker refuses, or unprotected, 2 bad arguments or cdk.json, 4 no region or credentials.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK
 from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
 
 
+# The one image manifest media type SageMaker accepts (container/buildspec.yml and the mirror build check it too).
+DOCKER_V2_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+
+
 def protective_tag(digest: str) -> str:
     """The tag that keeps an image from lifecycle expiry: pinned-<64 hex> (71 characters; ECR allows 128)."""
     return PINNED_TAG_PREFIX + digest.removeprefix("sha256:")
@@ -37,14 +42,35 @@ class PinStatus:
     exists: bool
     protected: bool | None   # None where protection does not apply (the model, other repositories)
     note: str = ""
+    media_type: str | None = None   # images only: the manifest's media type as ECR reports it
+
+    @property
+    def accepted(self) -> bool:
+        """Not an image, or an image SageMaker can pull."""
+        return not self.exists or not self.is_image or self.media_type == DOCKER_V2_MANIFEST
+
+    @property
+    def is_image(self) -> bool:
+        return self.target.count("@sha256:") == 1
 
     @property
     def ok(self) -> bool:
-        return self.exists and self.protected is not False
+        return self.exists and self.accepted and self.protected is not False
+
+    @property
+    def state(self) -> str:
+        if not self.exists:
+            return "missing"
+        if not self.accepted:
+            return "unsupported"
+        return "unprotected" if self.protected is False else "ok"
 
     def line(self) -> str:
-        state = "missing" if not self.exists else "unprotected" if self.protected is False else "ok"
-        return f"{state:11} {self.key}: {self.target}" + (f" ({self.note})" if self.note else "")
+        note = self.note
+        if not self.accepted:
+            note = (f"{self.media_type or 'no media type'}: SageMaker pulls only {DOCKER_V2_MANIFEST}"
+                    + (f"; {note}" if note else ""))
+        return f"{self.state:11} {self.key}: {self.target}" + (f" ({note})" if note else "")
 
 
 def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[PinStatus]:
@@ -62,9 +88,10 @@ def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[Pi
         elif image.repository is None:
             statuses.append(_project_image(ecr, key, registry.split(".")[0], repository, image.digest, protect))
         else:
-            found = _image_tags(ecr, image.repository.account, image.repository.name, image.digest) is not None
-            statuses.append(PinStatus(key, f"{image.repository.uri}@{image.digest}", exists=found, protected=None,
-                                      note="another repository: its own lifecycle rules apply"))
+            details = _image_details(ecr, image.repository.account, image.repository.name, image.digest)
+            statuses.append(PinStatus(key, f"{image.repository.uri}@{image.digest}", exists=details is not None,
+                                      protected=None, note="another repository: its own lifecycle rules apply",
+                                      media_type=details and details.get("imageManifestMediaType")))
     if config.pins.model is not None:
         bucket, object_key = outputs["ArtifactBucketName"], config.pins.model.s3_key
         statuses.append(PinStatus(config.key("pins", "model"), f"s3://{bucket}/{object_key}",
@@ -75,14 +102,19 @@ def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[Pi
 def _project_image(ecr: Any, key: str, registry_id: str, repository: str, digest: str,
                    protect: bool) -> PinStatus:
     target = f"{repository}@{digest}"
-    tags = _image_tags(ecr, registry_id, repository, digest)
-    if tags is None:
+    details = _image_details(ecr, registry_id, repository, digest)
+    if details is None:
         return PinStatus(key, target, exists=False, protected=None)
+    tags, media_type = details.get("imageTags", []), details.get("imageManifestMediaType")
     tag = protective_tag(digest)
     if tag in tags:
-        return PinStatus(key, target, exists=True, protected=True)
+        return PinStatus(key, target, exists=True, protected=True, media_type=media_type)
+    if media_type != DOCKER_V2_MANIFEST:
+        # Not worth keeping: SageMaker cannot pull it.
+        return PinStatus(key, target, exists=True, protected=False, media_type=media_type)
     if not protect:
-        return PinStatus(key, target, exists=True, protected=False, note=f"run with --protect to tag it {tag}")
+        return PinStatus(key, target, exists=True, protected=False, note=f"run with --protect to tag it {tag}",
+                         media_type=media_type)
     (image,) = ecr.batch_get_image(registryId=registry_id, repositoryName=repository,
                                    imageIds=[{"imageDigest": digest}])["images"]
     try:
@@ -91,10 +123,11 @@ def _project_image(ecr: Any, key: str, registry_id: str, repository: str, digest
     except ClientError as error:
         if error_code(error) != "ImageAlreadyExistsException":   # tagged meanwhile
             raise
-    return PinStatus(key, target, exists=True, protected=True, note=f"tagged {tag} now")
+    return PinStatus(key, target, exists=True, protected=True, note=f"tagged {tag} now", media_type=media_type)
 
 
-def _image_tags(ecr: Any, registry_id: str, repository: str, digest: str) -> list[str] | None:
+def _image_details(ecr: Any, registry_id: str, repository: str, digest: str) -> dict[str, Any] | None:
+    """ECR's imageDetails of the digest (tags, manifest media type), None when it is not there."""
     try:
         (details,) = ecr.describe_images(registryId=registry_id, repositoryName=repository,
                                          imageIds=[{"imageDigest": digest}])["imageDetails"]
@@ -102,7 +135,7 @@ def _image_tags(ecr: Any, registry_id: str, repository: str, digest: str) -> lis
         if error_code(error) in ("ImageNotFoundException", "RepositoryNotFoundException"):
             return None
         raise
-    return details.get("imageTags", [])
+    return details
 
 
 def _object_exists(s3: Any, bucket: str, key: str) -> bool:
@@ -118,8 +151,9 @@ def _object_exists(s3: Any, bucket: str, key: str) -> bool:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m endpoint_client check-pins",
-        description="Check that every image digest and model archive cdk.json pins exists (before a deploy); "
-                    "--protect tags pinned images so that the repository's lifecycle rules never expire them.")
+        description="Check that every image digest and model archive cdk.json pins exists, images as Docker "
+                    "schema 2 manifests (before a deploy); --protect tags pinned images so that the repository's "
+                    "lifecycle rules never expire them.")
     add_common_arguments(parser)
     parser.add_argument("--protect", action="store_true",
                         help=f"tag each pinned image of the project repository {PINNED_TAG_PREFIX}<digest hex>")

@@ -169,28 +169,51 @@ class _Project:
         self.project, self.role_with_policies, self.log_group = project, role_with_policies, log_group
 
 
+DOCKER_V2_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+
+
 def _mirror_buildspec() -> codebuild.BuildSpec:
-    # skopeo copies registry to registry without a Docker daemon (no privileged mode) and keeps the manifest
-    # bytes, so the mirrored image has the source's digest; the build checks that before it reports success.
+    # skopeo copies registry to registry without a Docker daemon (no privileged mode). SageMaker pulls only Docker
+    # schema 2 manifests: a source that is one is copied byte for byte (the mirror keeps its digest, checked); an
+    # OCI manifest, or an index of several platforms, is copied as the linux/amd64 image converted to Docker schema
+    # 2, which gives it a digest of its own. Either way the build fails unless ECR reports the pushed manifest as
+    # Docker schema 2, and it prints the digest to pin.
     return codebuild.BuildSpec.from_object({
         "version": "0.2",
         "env": {"shell": "bash"},
         "phases": {
             "install": {"commands": [
                 "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q skopeo >/dev/null"]},
-            "build": {"commands": [
-                "set -euo pipefail",
-                'DIGEST="${SOURCE_IMAGE##*@}"; TAG="${TAG_PREFIX}${DIGEST#sha256:}"; TAG="${TAG:0:128}"',
-                'REGISTRY="${REPOSITORY_URI%%/*}"',
-                'aws ecr get-login-password --region "$AWS_REGION" | skopeo login --username AWS --password-stdin "$REGISTRY"',
-                'if aws ecr describe-images --repository-name "$REPOSITORY_NAME" --image-ids imageDigest="$DIGEST" >/dev/null 2>&1; then '
-                'echo "$DIGEST is already in $REPOSITORY_NAME"; '
-                'else skopeo copy --all --retry-times 3 "docker://$SOURCE_IMAGE" "docker://$REPOSITORY_URI:$TAG"; fi',
-                'MIRRORED="sha256:$(skopeo inspect --raw "docker://$REPOSITORY_URI@$DIGEST" | sha256sum | cut -d" " -f1)"',
-                '[ "$MIRRORED" = "$DIGEST" ] || { echo "mirror: digest changed to $MIRRORED" >&2; exit 1; }',
-                'echo "Mirrored $SOURCE_IMAGE as $REPOSITORY_URI@$DIGEST"',
-                'echo "Pin it in cdk.json under environments.<env>.pins.images:"',
-                'echo "  \\"text_generation\\": \\"$DIGEST\\""',
-            ]},
+            "build": {"commands": [_MIRROR_SCRIPT]},
         },
     })
+
+
+_MIRROR_SCRIPT = f"""set -euo pipefail
+DOCKER_V2="{DOCKER_V2_MANIFEST}"
+SOURCE_DIGEST="${{SOURCE_IMAGE##*@}}"; TAG="${{TAG_PREFIX}}${{SOURCE_DIGEST#sha256:}}"; TAG="${{TAG:0:128}}"
+REGISTRY="${{REPOSITORY_URI%%/*}}"
+aws ecr get-login-password --region "$AWS_REGION" | skopeo login --username AWS --password-stdin "$REGISTRY"
+SOURCE_TYPE="$(skopeo inspect --raw "docker://$SOURCE_IMAGE" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("mediaType", "application/vnd.oci.image.manifest.v1+json"))')"
+if aws ecr describe-images --repository-name "$REPOSITORY_NAME" --image-ids imageTag="$TAG" >/dev/null 2>&1; then
+  echo "$SOURCE_IMAGE is already in $REPOSITORY_NAME as $TAG"
+elif [ "$SOURCE_TYPE" = "$DOCKER_V2" ]; then
+  skopeo copy --retry-times 3 "docker://$SOURCE_IMAGE" "docker://$REPOSITORY_URI:$TAG"
+else
+  echo "$SOURCE_IMAGE is $SOURCE_TYPE: copying its linux/amd64 image as a Docker schema 2 manifest (a new digest)"
+  skopeo copy --retry-times 3 --override-os linux --override-arch amd64 --format v2s2 \\
+    "docker://$SOURCE_IMAGE" "docker://$REPOSITORY_URI:$TAG"
+fi
+PUSHED="$(aws ecr describe-images --repository-name "$REPOSITORY_NAME" --image-ids imageTag="$TAG" \\
+  --query 'imageDetails[0].[imageManifestMediaType,imageDigest]' --output text)"
+read -r MEDIA_TYPE DIGEST <<<"$PUSHED"
+if [ "$MEDIA_TYPE" != "$DOCKER_V2" ]; then
+  echo "mirror: $REPOSITORY_URI:$TAG is $MEDIA_TYPE; SageMaker accepts only $DOCKER_V2" >&2; exit 1
+fi
+if [ "$SOURCE_TYPE" = "$DOCKER_V2" ] && [ "$DIGEST" != "$SOURCE_DIGEST" ]; then
+  echo "mirror: digest changed to $DIGEST" >&2; exit 1
+fi
+echo "Mirrored $SOURCE_IMAGE as $REPOSITORY_URI@$DIGEST"
+echo "Pin it in cdk.json under environments.<env>.pins.images:"
+echo "  \\"text_generation\\": \\"$DIGEST\\""
+"""

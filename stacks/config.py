@@ -205,8 +205,24 @@ ModelKey = Text(_MODEL_KEY, "a key of the form models/<pin>/<gguf sha256>/model.
 Sha256Hex = Text(_HEX64, "64 lowercase hex characters")
 RemovalPolicy = OneOf(("destroy", "retain"))
 EmailAddress = Text(_EMAIL, "an email address")
-AccountId = Text(_ACCOUNT, "a 12-digit AWS account id")
-RegionName = Text(_REGION, "an AWS region name such as us-east-1")
+class _LocationRequired:
+    """Stands for an account or region that cdk.json must name but does not (see _require_location): its field's
+    check reports the reason, beside every other problem of the environment."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _location(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: Any) -> str:
+        if isinstance(value, _LocationRequired):
+            raise _problem(value.message)
+        return _matching(value, pattern, what)
+    return _checked(check, str)
+
+
+AccountId = _location(_ACCOUNT, "a 12-digit AWS account id")
+RegionName = _location(_REGION, "an AWS region name such as us-east-1")
 NamePrefix = Text(_NAME_PREFIX, "3 to 24 characters of a-z, 0-9 and '-', starting with a letter (stack names and tags)")
 
 
@@ -223,7 +239,7 @@ class EndpointSettings(_Settings):
     initial_instance_count: Integer(1, 100)
     max_instance_count: Integer(1, 100)
     # Target tracking on SageMakerVariantInvocationsPerInstance (per minute), one target per instance type the
-    # variant runs on: an L40S serves several times what a T4 does.
+    # variant runs on; the policy tracks the lowest (the slowest pool's). Derived in stacks/sizing.py.
     target_invocations_per_instance: Annotated[dict[str, Integer(1, 100_000)], BeforeValidator(_object(
         "an object mapping each instance type of the endpoint to its target invocations per instance and minute"))]
     scale_in_cooldown_s: Integer(0, 3600)
@@ -231,13 +247,28 @@ class EndpointSettings(_Settings):
     # ProductionVariant ContainerStartupHealthCheckTimeoutInSeconds / ModelDataDownloadTimeoutInSeconds: 60..3600.
     startup_health_check_timeout_s: Integer(60, 3600)
     model_download_timeout_s: Integer(60, 3600)
-    # The ModelLatency p99 (milliseconds) above which the endpoint's latency alarm fires.
-    model_latency_p99_ms: Integer(10, 600_000)
+    # Auto scaling registered (ScalableTarget and target tracking). false for the one deploy that changes the
+    # instance type or the pools: SageMaker refuses UpdateEndpoint on a variant registered with auto scaling.
+    autoscaling: _checked(_boolean, bool) = True
+    # The ModelLatency p99 (milliseconds) above which the latency alarm fires, per instance type; the alarm uses the
+    # highest (the slowest pool's). Derived in stacks/sizing.py; at most SageMaker's 60 s invocation timeout.
+    model_latency_p99_ms: Annotated[dict[str, Integer(10, 60_000)], BeforeValidator(_object(
+        "an object mapping each instance type of the endpoint to its ModelLatency p99 alarm threshold in ms"))]
 
     @property
     def variant_instance_types(self) -> tuple[str, ...]:
         """Every instance type the variant may run on."""
         raise NotImplementedError
+
+    @property
+    def scaling_target(self) -> int:
+        """The slowest instance type's target: a fleet that fell back to it must not be loaded like a faster one."""
+        return min(self.target_invocations_per_instance[t] for t in self.variant_instance_types)
+
+    @property
+    def latency_threshold_ms(self) -> int:
+        """The slowest instance type's threshold: a fallback to it during an update must not roll the update back."""
+        return max(self.model_latency_p99_ms[t] for t in self.variant_instance_types)
 
     def _own_problems(self) -> list:
         """Cross-field problems particular to a kind, as _field_problems takes them."""
@@ -246,15 +277,16 @@ class EndpointSettings(_Settings):
     @model_validator(mode="after")
     def _cross_field_checks(self):
         problems = self._own_problems()
-        targets = self.target_invocations_per_instance
-        for instance_type in self.variant_instance_types:
-            if instance_type not in targets:
-                problems.append((("target_invocations_per_instance",), f"has no target for {instance_type} (every "
-                                 f"instance type the endpoint runs on needs one)", targets))
-        for instance_type in targets:
-            if instance_type not in self.variant_instance_types:
-                problems.append((("target_invocations_per_instance", instance_type), f"is not an instance type of "
-                                 f"this endpoint ({', '.join(self.variant_instance_types)})", targets[instance_type]))
+        for key, what in (("target_invocations_per_instance", "target"), ("model_latency_p99_ms", "threshold")):
+            per_type = getattr(self, key)
+            for instance_type in self.variant_instance_types:
+                if instance_type not in per_type:
+                    problems.append(((key,), f"has no {what} for {instance_type} (every instance type the endpoint "
+                                     f"runs on needs one)", per_type))
+            for instance_type in per_type:
+                if instance_type not in self.variant_instance_types:
+                    problems.append(((key, instance_type), f"is not an instance type of this endpoint "
+                                     f"({', '.join(self.variant_instance_types)})", per_type[instance_type]))
         if self.initial_instance_count > self.max_instance_count:
             problems.append((("initial_instance_count",), f"{self.initial_instance_count} is above "
                              f"max_instance_count ({self.max_instance_count})", self.initial_instance_count))
@@ -452,9 +484,10 @@ class EnvironmentConfig(_Settings):
         if "name" in data:
             raise _field_problems(cls.__name__, [(("name",), "unknown key", data["name"])])
         context = info.context
+        required = _required_location(data)
         return {**data, "name": context["name"],
-                "account": data.get("account") or context["default_account"],
-                "region": data.get("region") or context["default_region"]}
+                "account": data.get("account") or required.get("account") or context["default_account"],
+                "region": data.get("region") or required.get("region") or context["default_region"]}
 
     @model_validator(mode="after")
     def _each_kind_once(self):
@@ -476,6 +509,23 @@ class EnvironmentConfig(_Settings):
     @property
     def artifacts_stack_name(self) -> str:
         return f"{self.name_prefix}-artifacts"
+
+
+def _required_location(data: Mapping[str, Any]) -> dict[str, _LocationRequired]:
+    """An environment whose stacks refuse deletion, or leave resources behind, is deployed to the account and
+    region cdk.json names, never to wherever the caller's credentials and region happen to point: for each of the
+    two that cdk.json leaves out, the reason to report at its key."""
+    artifacts = data.get("artifacts")
+    retained = isinstance(artifacts, Mapping) and artifacts.get("removal_policy") == "retain"
+    protected = data.get("termination_protection") is True
+    if not (retained or protected):
+        return {}
+    why = " and ".join(([] if not protected else ["termination_protection is true"]) +
+                       ([] if not retained else ["artifacts.removal_policy is retain"]))
+    return {key: _LocationRequired(f"is required because {why}: this environment deploys only to the {key} named "
+                                   f"here, not to the caller's (set {example})")
+            for key, example in (("account", "the 12-digit account id"), ("region", 'e.g. "eu-west-1"'))
+            if not data.get(key)}
 
 
 # The keys load_environment supplies itself; cdk.json may not set them.

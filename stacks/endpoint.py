@@ -20,6 +20,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from stacks import updates
 from stacks.endpoint_specs import VARIANT_NAME, Deployment, EndpointSpec
 from stacks.retention import retention_days
 from stacks.roles import policy_of
@@ -52,11 +53,13 @@ class SageMakerEndpoint(Construct):
                               metric_value="1", default_value=0)
             for metric in spec.log_metrics]
 
-        # Alarms name the endpoint by its fixed name (not a reference), so the endpoint can name them in turn.
+        # Alarms name the endpoint by its fixed name (not a reference), so the endpoint can name them in turn. Their
+        # own names are fixed too: the alarm topic's policy lets CloudWatch publish for these alarm ARNs only.
         self.alarms: dict[str, cloudwatch.Alarm] = {}
         for alarm_spec in spec.alarms:
             alarm = cloudwatch.Alarm(
-                self, alarm_spec.construct_id, alarm_description=alarm_spec.description, metric=alarm_spec.metric,
+                self, alarm_spec.construct_id, alarm_name=spec.alarm_name(alarm_spec),
+                alarm_description=alarm_spec.description, metric=alarm_spec.metric,
                 threshold=alarm_spec.threshold, comparison_operator=alarm_spec.comparison,
                 evaluation_periods=alarm_spec.evaluation_periods, datapoints_to_alarm=alarm_spec.datapoints_to_alarm,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING)
@@ -113,7 +116,15 @@ class SageMakerEndpoint(Construct):
         self.endpoint.node.add_dependency(policy_of(execution_role))
 
         # Target tracking on invocations per instance, between the initial and the maximum count. Application
-        # Auto Scaling uses its SageMaker service-linked role (no RoleARN).
+        # Auto Scaling uses its SageMaker service-linked role (no RoleARN). cdk.json autoscaling false leaves both
+        # out: SageMaker refuses to change the instance type of a variant registered with auto scaling, so an
+        # instance-type change deploys once without them (README, "Change the instance type or the pools").
+        self.scalable_target = self.scaling_policy = None
+        if settings.autoscaling:
+            self._add_scaling(spec)
+
+    def _add_scaling(self, spec: EndpointSpec) -> None:
+        settings = spec.settings
         self.scalable_target = appscaling.CfnScalableTarget(
             self, "ScalableTarget",
             service_namespace="sagemaker",
@@ -148,7 +159,8 @@ def _deployment_config(deployment: Deployment, rollback_alarms: list[cloudwatch.
             auto_rollback_configuration=rollback,
             rolling_update_policy=Endpoint.RollingUpdatePolicyProperty(
                 # Half the fleet per batch, the most SageMaker allows; a rollback restores the old fleet at once.
-                maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=50),
+                maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT",
+                                                                  value=updates.ROLLING_BATCH_PERCENT),
                 rollback_maximum_batch_size=Endpoint.CapacitySizeProperty(type="CAPACITY_PERCENT", value=100),
                 wait_interval_in_seconds=deployment.bake_s,
                 maximum_execution_timeout_in_seconds=deployment.maximum_execution_timeout_s))

@@ -13,18 +13,28 @@ only one batch more. The GPU variant rolls, because GPU capacity and quota are s
 instances; with one, a rolling batch would be the whole fleet, so it goes blue/green too. The CPU variants go
 blue/green, one canary instance first when the fleet has two or more. Either way, if an alarm marked
 ``rolls_back`` fires during a bake, SageMaker shifts the traffic back to the old fleet.
+
+Rollback alarms watch faults, never load: answers that are the server's fault (5xx other than the adapter's busy
+503), scoring failures, latency beyond what the slowest instance type was measured to need (stacks/sizing.py),
+memory and disk. Busy 503s and utilization mean load; they notify, and scaling reacts to them. SageMaker's metrics
+cannot tell the new fleet from the old during an update (both are the variant AllTraffic; the InstanceType
+dimension only separates pools), so the alarms watch the variant: with all traffic shifted at once that is the new
+fleet, and a canary's share of the traffic is at least 1/max_instance_count, which is why the fault-rate threshold
+must stay below it (checked here).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
-from stacks import instance_types
-from stacks.config import ADAPTER_KINDS, EndpointSettings, EnvironmentConfig, ImagePin, ModelPin
+from stacks import instance_types, updates
+from stacks.adapter_logs import metric_logs
+from stacks.config import ADAPTER_KINDS, ConfigError, EndpointSettings, EnvironmentConfig, ImagePin, ModelPin
 
 VARIANT_NAME = "AllTraffic"
 # How long SageMaker watches the alarms after each traffic shift (and before it terminates the old fleet):
@@ -39,10 +49,11 @@ INVOCATIONS_NAMESPACE = "AWS/SageMaker"
 INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 TRANSFORM_INSTANCE_NAMESPACE = "/aws/sagemaker/TransformJobs"
 
-# Alarm thresholds that do not depend on the endpoint (the latency target does: cdk.json model_latency_p99_ms).
-ERROR_RATE_PERCENT = 5          # 5xx answers (the container's and SageMaker's) per invocation
+# Alarm thresholds that do not depend on the endpoint (the latency threshold does: cdk.json model_latency_p99_ms).
+ERROR_RATE_PERCENT = 5          # fault answers (5xx but the adapter's busy 503) per invocation
 BUSY_RATE_PERCENT = 10          # the adapter's busy 503s per request: scaling does not keep up
 UTILIZATION_PERCENT = 90        # of every vCPU or GPU, sustained: at max_instance_count, or scaling too slowly
+MEMORY_PERCENT = 90             # of the instance's memory: the model and caches are fixed in size, so growth is a leak
 DISK_PERCENT = 85
 
 
@@ -103,6 +114,7 @@ class AlarmSpec:
 @dataclass(frozen=True)
 class EndpointSpec:
     kind: str                          # the cdk.json name: cpu, gpu, text_generation
+    settings_key: str                  # its settings' key path in cdk.json, for messages
     slug: str                          # in stack and endpoint names: cpu, gpu, text-generation
     title: str
     endpoint_name: str
@@ -131,6 +143,15 @@ class EndpointSpec:
     @property
     def log_metrics_namespace(self) -> str:
         return f"{ADAPTER_METRICS_NAMESPACE}/{self.endpoint_name}"
+
+    def alarm_name(self, alarm: AlarmSpec) -> str:
+        """Alarms have fixed names (<endpoint>-<alarm>): the monitoring stack's topic policy lets CloudWatch publish
+        for exactly these alarms, without depending on the endpoint stacks."""
+        return f"{self.endpoint_name}-{alarm.construct_id}"
+
+    @property
+    def alarm_names(self) -> tuple[str, ...]:
+        return tuple(self.alarm_name(alarm) for alarm in self.alarms)
 
 
 def endpoint_specs(config: EnvironmentConfig) -> tuple[EndpointSpec, ...]:
@@ -196,39 +217,46 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
     log_metrics = _adapter_log_metrics() if adapter else ()
     namespace = f"{ADAPTER_METRICS_NAMESPACE}/{endpoint_name}"
     return EndpointSpec(
-        kind=kind, slug=slug, title=title, endpoint_name=endpoint_name,
+        kind=kind, settings_key=config.key(kind), slug=slug, title=title, endpoint_name=endpoint_name,
         stack_name=config.endpoint_stack_name(kind), enabled=kind in config.endpoints, missing_pins=missing,
         image=image, model=config.pins.model, settings=settings, variant=variant, environment=environment,
-        scaling_target=min(settings.target_invocations_per_instance[t] for t in variant.instance_types),
-        deployment=_deployment(settings, variant, scarce_capacity), serves_batch_transform=adapter,
+        scaling_target=settings.scaling_target,
+        deployment=_check_canary(config, kind, settings, _deployment(settings, variant, scarce_capacity)),
+        serves_batch_transform=adapter,
         log_metrics=log_metrics,
         alarms=_alarms(endpoint_name, settings, utilization, adapter_namespace=namespace if adapter else None))
 
 
 def _deployment(settings: EndpointSettings, variant: Variant, scarce_capacity: bool) -> Deployment:
     # The fleet never has fewer instances than the scaling minimum (initial_instance_count).
-    fleet = settings.initial_instance_count
-    strategy = "rolling" if scarce_capacity and fleet >= 2 else "blue_green"
-    traffic = None if strategy == "rolling" else "CANARY" if fleet >= 2 else "ALL_AT_ONCE"
+    update = updates.plan(scarce_capacity=scarce_capacity, initial_instance_count=settings.initial_instance_count)
     # One step: provision (pools fall back within provision_timeout_s), download, health check, bake. Rolling
     # at 50 % takes two steps; blue/green a canary step and the final bake; with rollback time beside them.
     step_s = (variant.provision_timeout_s or 0) + settings.model_download_timeout_s + \
         settings.startup_health_check_timeout_s + BAKE_S
-    steps = 2 if strategy == "rolling" or traffic == "CANARY" else 1
+    steps = 2 if update.strategy == "rolling" or update.traffic == "CANARY" else 1
     timeout = min(28_800, max(600, (steps + 1) * step_s + BAKE_S))   # DeploymentConfig's range: 600..28800
-    return Deployment(strategy=strategy, traffic=traffic, bake_s=BAKE_S, maximum_execution_timeout_s=timeout)
+    return Deployment(strategy=update.strategy, traffic=update.traffic, bake_s=BAKE_S,
+                      maximum_execution_timeout_s=timeout)
+
+
+def _check_canary(config: EnvironmentConfig, kind: str, settings: EndpointSettings,
+                  deployment: Deployment) -> Deployment:
+    """A one-instance canary gets 1/N of the traffic at a fleet of N: if it failed every request, the fault rate
+    would be 100/N %, which must be above the alarm's threshold for the rollback to happen."""
+    if deployment.traffic == "CANARY" and 100 / settings.max_instance_count <= ERROR_RATE_PERCENT:
+        raise ConfigError([f"{config.key(kind, 'max_instance_count')}: {settings.max_instance_count} instances: a "
+                           f"canary of one instance would carry {100 / settings.max_instance_count:.1f} % of the "
+                           f"traffic, not more than the {ERROR_RATE_PERCENT} % fault rate that rolls an update back "
+                           f"(at most {math.ceil(100 / ERROR_RATE_PERCENT) - 1})"])
+    return deployment
 
 
 def _adapter_log_metrics() -> tuple[LogMetric, ...]:
-    # The adapter writes one JSON line per request (logger decision_adapter.requests, message "request", with
-    # its HTTP status) and one more when scoring raises (decision_adapter.app, "scoring failed").
-    request = '$.logger = "decision_adapter.requests" && $.message = "request"'
-    return (
-        LogMetric("RequestsMetric", "Requests", "{ " + request + " }"),
-        LogMetric("BusyMetric", "BusyResponses", "{ " + request + " && $.status = 503 }"),
-        LogMetric("ScoringFailuresMetric", "ScoringFailures",
-                  '{ $.logger = "decision_adapter.app" && $.message = "scoring failed" }'),
-    )
+    # The adapter's own definitions of the lines and of what each metric counts (metric_logs): one JSON line per
+    # request with its HTTP status, and one more when scoring raises.
+    return tuple(LogMetric(f"{metric.metric_name}Metric", metric.metric_name, metric.filter_pattern())
+                 for metric in metric_logs.METRICS)
 
 
 def _invocations(endpoint_name: str, metric_name: str, statistic: str = "Sum",
@@ -251,34 +279,49 @@ def invocations_metric(endpoint_name: str) -> cloudwatch.Metric:
 def _alarms(endpoint_name: str, settings: EndpointSettings, utilization: tuple[str, str, float, str], *,
             adapter_namespace: str | None) -> tuple[AlarmSpec, ...]:
     one_minute = Duration.minutes(1)
-    error_rate = cloudwatch.MathExpression(
-        expression="IF(invocations > 0, 100 * errors / invocations, 0)", label="5xx per invocation (%)",
-        period=one_minute, using_metrics={"errors": _invocations(endpoint_name, "Invocation5XXErrors"),
-                                          "invocations": _invocations(endpoint_name, "Invocations")})
-    # ModelLatency is in microseconds.
+
+    def adapter(metric_name: str) -> cloudwatch.Metric:
+        return cloudwatch.Metric(namespace=adapter_namespace, metric_name=metric_name, statistic="Sum",
+                                 period=one_minute)
+
+    errors = {"errors": _invocations(endpoint_name, "Invocation5XXErrors"),
+              "invocations": _invocations(endpoint_name, "Invocations")}
+    if adapter_namespace is not None:
+        # SageMaker counts every 5xx the container answers, the adapter's busy 503s included; those mean load.
+        # The log metric counts the busy answers (no data in a minute without log lines: FILL with 0).
+        fault_rate = cloudwatch.MathExpression(
+            expression="IF(invocations > 0 AND errors > FILL(busy, 0), 100 * (errors - FILL(busy, 0)) / invocations, 0)",
+            label="5xx but busy 503 per invocation (%)", period=one_minute,
+            using_metrics={**errors, "busy": adapter(metric_logs.BUSY_RESPONSES.metric_name)})
+        faults = "5xx other than the adapter's busy 503"
+    else:
+        fault_rate = cloudwatch.MathExpression(
+            expression="IF(invocations > 0, 100 * errors / invocations, 0)", label="5xx per invocation (%)",
+            period=one_minute, using_metrics=errors)
+        faults = "5xx"
+    # ModelLatency is in microseconds. The threshold is the slowest instance type's (stacks/sizing.py).
     latency = _invocations(endpoint_name, "ModelLatency", statistic="p99")
+    threshold_ms = settings.latency_threshold_ms
     utilization_id, utilization_metric, utilization_threshold, utilization_text = utilization
     alarms = [
         AlarmSpec("Invocation5xxRate", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of invocations answered "
-                  "5xx in 3 consecutive minutes (the adapter's busy 503s count)", error_rate,
-                  ERROR_RATE_PERCENT, 3, 3, rolls_back=True),
-        AlarmSpec("ModelLatencyP99", f"{endpoint_name}: ModelLatency p99 above {settings.model_latency_p99_ms} ms "
-                  "in 3 of 5 minutes (cdk.json model_latency_p99_ms)", latency,
-                  settings.model_latency_p99_ms * 1000, 5, 3, rolls_back=True),
+                  f"{faults} in 3 consecutive minutes", fault_rate, ERROR_RATE_PERCENT, 3, 3, rolls_back=True),
+        AlarmSpec("ModelLatencyP99", f"{endpoint_name}: ModelLatency p99 above {threshold_ms} ms in 3 of 5 minutes "
+                  "(cdk.json model_latency_p99_ms of the slowest instance type)", latency,
+                  threshold_ms * 1000, 5, 3, rolls_back=True),
     ]
     if adapter_namespace is not None:
-        def adapter(metric_name: str) -> cloudwatch.Metric:
-            return cloudwatch.Metric(namespace=adapter_namespace, metric_name=metric_name, statistic="Sum",
-                                     period=one_minute)
         busy_rate = cloudwatch.MathExpression(
             expression="IF(requests > 0, 100 * busy / requests, 0)", label="busy 503 per request (%)",
-            period=one_minute, using_metrics={"busy": adapter("BusyResponses"), "requests": adapter("Requests")})
+            period=one_minute, using_metrics={"busy": adapter(metric_logs.BUSY_RESPONSES.metric_name),
+                                              "requests": adapter(metric_logs.REQUESTS.metric_name)})
         alarms += [
+            # Load, not a fault of a new version: it alerts, it never rolls an update back.
             AlarmSpec("BusyRate", f"{endpoint_name}: the adapter answered more than {BUSY_RATE_PERCENT} % of requests "
                       "with its busy 503 for 5 minutes (scaling does not keep up)", busy_rate,
-                      BUSY_RATE_PERCENT, 5, 5, rolls_back=True),
+                      BUSY_RATE_PERCENT, 5, 5, rolls_back=False),
             AlarmSpec("ScoringFailures", f"{endpoint_name}: the adapter logged 'scoring failed' (a 500)",
-                      adapter("ScoringFailures"), 1, 1, 1, rolls_back=True,
+                      adapter(metric_logs.SCORING_FAILURES.metric_name), 1, 1, 1, rolls_back=True,
                       comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD),
         ]
     alarms += [
@@ -286,8 +329,10 @@ def _alarms(endpoint_name: str, settings: EndpointSettings, utilization: tuple[s
         AlarmSpec(utilization_id, f"{endpoint_name}: {utilization_text}",
                   _instances(endpoint_name, utilization_metric, "Average"), utilization_threshold, 3, 3,
                   rolls_back=False),
+        AlarmSpec("MemoryUtilization", f"{endpoint_name}: an instance's memory more than {MEMORY_PERCENT} % used for "
+                  "10 minutes", _instances(endpoint_name, "MemoryUtilization", "Maximum"), MEMORY_PERCENT, 2, 2,
+                  rolls_back=True),
         AlarmSpec("DiskUtilization", f"{endpoint_name}: an instance's disk is more than {DISK_PERCENT} % full",
                   _instances(endpoint_name, "DiskUtilization", "Maximum"), DISK_PERCENT, 1, 1, rolls_back=True),
     ]
     return tuple(alarms)
-

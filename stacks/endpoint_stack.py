@@ -40,6 +40,12 @@ class EndpointStack(cdk.Stack):
                 f"decision-models:unpinned-{spec.kind}",
                 f"The {spec.kind} endpoint is left out until {' and '.join(missing)} "
                 f"{'is' if len(missing) == 1 else 'are'} set in cdk.json (README.md, Deploy).")
+        if spec.deployable and not spec.settings.autoscaling:
+            cdk.Annotations.of(self).add_warning_v2(
+                f"decision-models:scaling-detached-{spec.kind}",
+                f"Auto scaling of the {spec.kind} endpoint is detached ({spec.settings_key}.autoscaling is false): its "
+                f"fleet stays at the instance count it has. Set it back to true once the instance type or pool "
+                f"change is deployed (README.md, Deploy).")
         if not spec.deployable:
             # A template needs one resource. This one does nothing and costs nothing; it keeps the stack
             # deployable (and diffable) until the endpoint is listed and pinned.
@@ -121,8 +127,7 @@ class EndpointStack(cdk.Stack):
             nag.acknowledge(role, artifacts.bucket_objects_finding(f"{prefix}*"),
                             f"Batch Transform {why}; the object keys are chosen per job, so the role is limited to "
                             f"the {prefix} prefix of the artifact bucket.")
-        nag.acknowledge(role, nag.wildcard_resource(
-            f"arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:{TRANSFORM_LOG_GROUP}:log-stream:*"),
+        nag.acknowledge(role, nag.wildcard_resource_of(self, streams),
             "SageMaker names a transform job's log streams per job and instance; the role may write streams of "
             "the one transform log group only.")
 

@@ -1,8 +1,10 @@
 """The monitoring stack (``<prefix>-monitoring``): the environment's alarm topic and its dashboard.
 
 Every endpoint stack sends its alarms (and their return to OK) to the one SNS topic here; cdk.json's
-``monitoring.alarm_emails`` are subscribed to it. The topic is encrypted with a key of its own, whose policy
-lets CloudWatch publish (the AWS-managed SNS key does not). The dashboard shows, per deployed endpoint, its
+``monitoring.alarm_emails`` are subscribed to it. The topic is encrypted with a key of its own (the AWS-managed SNS
+key does not let CloudWatch publish). A topic policy replaces the topic's default policy, so it says everything:
+CloudWatch may publish, and use the key, for this account's endpoint alarms only (``aws:SourceAccount`` and
+``aws:SourceArn``, the alarms' fixed ARNs), and every request without TLS is denied. The dashboard shows, per deployed endpoint, its
 invocations and each metric an alarm watches, with the alarm's threshold; it names the metrics by the fixed
 endpoint names, so this stack does not depend on the endpoint stacks (which could then not be destroyed alone).
 """
@@ -28,13 +30,23 @@ class MonitoringStack(cdk.Stack):
             self, "AlarmTopicKey", enable_key_rotation=True, pending_window=cdk.Duration.days(7),
             removal_policy=cdk.RemovalPolicy.DESTROY,
             description=f"{config.name_prefix}: encrypts the alarm topic's messages")
-        # CloudWatch alarms of this account publish to the encrypted topic.
+        # The endpoint alarms, by their fixed names (EndpointSpec.alarm_name), of every endpoint kind: listed or
+        # not, pinned or not, so that enabling an endpoint needs no change here before its alarms can notify.
+        self.alarm_arns = [cdk.Arn.format(cdk.ArnComponents(
+            service="cloudwatch", resource="alarm", resource_name=name, arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME),
+            self) for spec in specs for name in spec.alarm_names]
+        from_our_alarms = {"StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID},
+                           "ArnLike": {"aws:SourceArn": self.alarm_arns}}
+        # CloudWatch encrypts each message it publishes to the topic with the topic's key.
         self.topic_key.add_to_resource_policy(iam.PolicyStatement(
             sid="CloudWatchAlarmsPublish", principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
-            actions=["kms:Decrypt", "kms:GenerateDataKey*"], resources=["*"],
-            conditions={"StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}}))
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"], resources=["*"], conditions=from_our_alarms))
+        # enforce_ssl: the Deny of every request without TLS, in the topic policy below.
         self.alarm_topic = sns.Topic(self, "AlarmTopic", display_name=f"{config.name_prefix} alarms",
                                      master_key=self.topic_key, enforce_ssl=True)
+        self.alarm_topic.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchAlarmsPublish", principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            actions=["sns:Publish"], resources=[self.alarm_topic.topic_arn], conditions=from_our_alarms))
         for index, address in enumerate(config.monitoring.alarm_emails):
             sns.Subscription(self, f"AlarmEmail{index}", topic=self.alarm_topic,
                              protocol=sns.SubscriptionProtocol.EMAIL, endpoint=address)

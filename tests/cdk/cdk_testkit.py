@@ -2,7 +2,10 @@
 
 Each (environment, pinned) combination is synthesized once per test session into a temporary cloud assembly,
 with cdk-nag applied as in app.py (a finding that is not acknowledged fails the synthesis). ``pinned`` supplies
-valid-format pins, so that the endpoint stacks have their endpoints; they are test values, obviously not real.
+pins in the formats the builds print them (deploy/pins.py), so that the endpoint stacks have their endpoints; the
+image digests are test values. An environment that cdk.json must locate (prod: termination protection, retained
+artifacts) gets the example account and region, as a user's cdk.json names theirs; dev is synthesized without
+either, as the CLI does when it finds no credentials.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import aws_cdk as cdk
 from aws_cdk import assertions
 
 import app as cdk_app
+from deploy import pins as test_pins
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON = REPOSITORY_ROOT / "cdk.json"
@@ -28,11 +32,9 @@ ENVIRONMENTS = ("dev", "prod")
 ENDPOINT_STACKS = {"cpu": "endpoint-cpu", "gpu": "endpoint-gpu", "text_generation": "endpoint-text-generation"}
 STACK_KINDS = ("artifacts", "build", "monitoring", *ENDPOINT_STACKS.values())
 
-MODEL_SHA256 = "4" * 64
-TEST_PINS = {
-    "images": {"cpu": "sha256:" + "1" * 64, "gpu": "sha256:" + "2" * 64, "text_generation": "sha256:" + "3" * 64},
-    "model": {"s3_key": f"models/qwen3.5-4b/{MODEL_SHA256}/model.tar.gz", "gguf_sha256": MODEL_SHA256},
-}
+TEST_PINS = test_pins.pins_for({"build": {"model_pin": "qwen3.5-4b"}})
+MODEL_SHA256 = TEST_PINS["model"]["gguf_sha256"]
+EXAMPLE_ACCOUNT, EXAMPLE_REGION = test_pins.EXAMPLE_ACCOUNT, test_pins.EXAMPLE_REGION
 
 
 def cdk_json_context() -> dict[str, Any]:
@@ -45,6 +47,9 @@ def context_for(env: str, *, pinned: bool = True, edit=None) -> dict[str, Any]:
     environment = context["environments"][env]
     if pinned:
         environment["pins"] = copy.deepcopy(TEST_PINS)
+    if test_pins.needs_location(environment):
+        environment["account"] = environment.get("account") or EXAMPLE_ACCOUNT
+        environment["region"] = environment.get("region") or EXAMPLE_REGION
     if edit is not None:
         edit(environment)
     context["env"] = env

@@ -68,7 +68,7 @@ class Resolver:
         if resource["Type"] == "AWS::Logs::LogGroup":
             return resource["Properties"]["LogGroupName"]
         if resource["Type"] == "AWS::CloudWatch::Alarm":
-            return f"stack-{logical_id[:40]}-A1B2C3D4E5F6"
+            return resource["Properties"].get("AlarmName") or f"stack-{logical_id[:40]}-A1B2C3D4E5F6"
         return f"{logical_id.lower()[:40]}-a1b2c3"
 
     def get_att(self, logical_id: str, attribute: str) -> str:

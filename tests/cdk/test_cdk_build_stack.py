@@ -112,7 +112,83 @@ def test_buildspecs_come_from_the_sources(pinned):
     for name in ("CpuImageBuild", "GpuImageBuild"):
         assert project(pinned, name)["Properties"]["Source"]["BuildSpec"] == "buildspec.yml"
     mirror = project(pinned, "TextGenerationMirror")["Properties"]["Source"]
-    assert mirror["Type"] == "NO_SOURCE" and "skopeo copy --all" in mirror["BuildSpec"]
+    assert mirror["Type"] == "NO_SOURCE" and "skopeo copy --retry-times 3" in mirror["BuildSpec"]
+
+
+SKOPEO = """#!/usr/bin/env bash
+echo "skopeo $*" >> "$CALLS"
+case "$1" in
+  login) cat > /dev/null ;;
+  inspect) printf '%s' "$SOURCE_MANIFEST" ;;
+  copy) touch "$PUSHED_MARK" ;;
+esac
+"""
+AWS = """#!/usr/bin/env bash
+echo "aws $*" >> "$CALLS"
+case "$1 $2" in
+  "ecr get-login-password") echo token ;;
+  "ecr describe-images")
+    [ -e "$PUSHED_MARK" ] || exit 254
+    case "$*" in *--query*) printf '%s\\t%s\\n' "$PUSHED_TYPE" "$PUSHED_DIGEST" ;; esac ;;
+esac
+"""
+DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+SOURCE = "public.ecr.aws/deep-learning-containers/llama-cpp@sha256:" + "1f" * 32
+
+
+def run_mirror(pinned, tmp_path, source_manifest: dict, pushed_type: str, pushed_digest: str):
+    """The mirror project's build commands, as CodeBuild runs them, with skopeo and aws standing in."""
+    import json
+    import os
+    import subprocess
+    spec = yaml.safe_load(project(pinned, "TextGenerationMirror")["Properties"]["Source"]["BuildSpec"])
+    assert spec["env"]["shell"] == "bash"
+    (bin_dir := tmp_path / "bin").mkdir()
+    for name, text in (("skopeo", SKOPEO), ("aws", AWS)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o700)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(tmp_path / "calls"),
+           "PUSHED_MARK": str(tmp_path / "pushed"), "SOURCE_MANIFEST": json.dumps(source_manifest),
+           "PUSHED_TYPE": pushed_type, "PUSHED_DIGEST": pushed_digest, "AWS_REGION": "eu-west-1",
+           "SOURCE_IMAGE": SOURCE, "REPOSITORY_URI": "111122223333.dkr.ecr.eu-west-1.amazonaws.com/images",
+           "REPOSITORY_NAME": "images", "TAG_PREFIX": "textgen-"}
+    done = subprocess.run(["bash", "-c", "\n".join(spec["phases"]["build"]["commands"])], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    copies = [c for c in (tmp_path / "calls").read_text().splitlines() if c.startswith("skopeo copy")]
+    return done, copies
+
+
+def test_a_docker_v2_source_is_mirrored_byte_for_byte_keeping_its_digest(pinned, tmp_path):
+    done, copies = run_mirror(pinned, tmp_path, {"schemaVersion": 2, "mediaType": DOCKER_V2}, DOCKER_V2,
+                              "sha256:" + "1f" * 32)
+    assert done.returncode == 0, done.stderr
+    assert copies == [f"skopeo copy --retry-times 3 docker://{SOURCE} docker://111122223333.dkr.ecr.eu-west-1."
+                      f"amazonaws.com/images:textgen-{'1f' * 32}"]
+    assert f'"text_generation": "sha256:{"1f" * 32}"' in done.stdout
+
+
+@pytest.mark.parametrize("source_type", ["application/vnd.oci.image.index.v1+json",
+                                         "application/vnd.docker.distribution.manifest.list.v2+json", None])
+def test_an_oci_or_multi_platform_source_is_converted_to_docker_v2_and_its_new_digest_printed(
+        pinned, tmp_path, source_type):
+    manifest = {"schemaVersion": 2, **({"mediaType": source_type} if source_type else {})}
+    done, copies = run_mirror(pinned, tmp_path, manifest, DOCKER_V2, "sha256:" + "ab" * 32)
+    assert done.returncode == 0, done.stderr
+    assert len(copies) == 1 and "--override-os linux --override-arch amd64 --format v2s2" in copies[0]
+    assert f'"text_generation": "sha256:{"ab" * 32}"' in done.stdout
+
+
+def test_the_mirror_fails_unless_ecr_holds_a_docker_v2_manifest(pinned, tmp_path):
+    done, _ = run_mirror(pinned, tmp_path, {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json"},
+                         "application/vnd.oci.image.index.v1+json", "sha256:" + "ab" * 32)
+    assert done.returncode == 1 and f"SageMaker accepts only {DOCKER_V2}" in done.stderr
+    assert "Pin it" not in done.stdout
+
+
+def test_a_byte_for_byte_copy_whose_digest_changed_fails(pinned, tmp_path):
+    done, _ = run_mirror(pinned, tmp_path, {"schemaVersion": 2, "mediaType": DOCKER_V2}, DOCKER_V2,
+                         "sha256:" + "ab" * 32)
+    assert done.returncode == 1 and "digest changed" in done.stderr
 
 
 def asset_zip_names(synth, asset_path: str) -> list[str]:

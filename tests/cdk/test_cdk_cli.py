@@ -1,5 +1,7 @@
 """The pinned aws-cdk CLI (package.json, installed by make's node_modules/.installed) synthesizes each environment
-offline, exactly as README's Deploy section runs it: npx cdk synth -c env=NAME."""
+offline, exactly as README's Deploy section runs it: npx cdk synth -c env=NAME, on a fresh clone and with pins in
+the formats the builds print them, with a region other than us-east-1 configured and with none (the CLI then
+passes us-east-1). Deploy, diff and destroy through the CLI are rehearsed against moto (tests/deploy)."""
 
 from __future__ import annotations
 
@@ -9,19 +11,26 @@ import shutil
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 import cdk_testkit
+from deploy.pins import pinned_cdk_json
 
 ROOT = cdk_testkit.REPOSITORY_ROOT
 CLI = ROOT / "node_modules" / ".bin" / "cdk"
 
 
-def run_cdk(*args: str, cwd=ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cdk(*args: str, cwd=ROOT, timeout: int = 300, region: str | None = None) -> subprocess.CompletedProcess:
     assert CLI.exists(), "the aws-cdk CLI is not installed: run make node_modules/.installed (npm ci)"
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
-    # No AWS here: no credentials to look up and no instance metadata service to wait for.
-    environment.update(JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20", AWS_EC2_METADATA_DISABLED="true")
+    # No AWS here: no credentials to look up and no instance metadata service to wait for; no shared
+    # configuration either, so that the region is the one given here or none at all.
+    environment.update(JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20", AWS_EC2_METADATA_DISABLED="true",
+                       AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+    if region is not None:
+        environment["AWS_REGION"] = region
     # The app runs with this interpreter (under make test that is .venv/bin/python, as cdk.json says).
     return subprocess.run([str(CLI), *args, "--app", f"{sys.executable} app.py", "--no-notices"],
                           cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
@@ -36,18 +45,67 @@ def test_package_json_pins_the_cli_exactly():
     assert json.loads((ROOT / "cdk.json").read_text())["app"] == ".venv/bin/python app.py"
 
 
-@pytest.mark.parametrize("env", cdk_testkit.ENVIRONMENTS)
-def test_npx_cdk_synth_succeeds_for_each_environment(env, tmp_path):
-    completed = run_cdk("synth", "-c", f"env={env}", "--output", str(tmp_path / "cdk.out"), "--quiet")
+def test_npx_cdk_synth_of_a_fresh_clone_succeeds_for_dev(tmp_path):
+    completed = run_cdk("synth", "-c", "env=dev", "--output", str(tmp_path / "cdk.out"), "--quiet")
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    prefix = cdk_testkit.cdk_json_context()["environments"][env]["name_prefix"]
+    prefix = cdk_testkit.cdk_json_context()["environments"]["dev"]["name_prefix"]
     for kind in cdk_testkit.STACK_KINDS:
         assert (tmp_path / "cdk.out" / f"{prefix}-{kind}.template.json").exists()
     # A fresh clone pins nothing: the endpoints are left out, saying which keys to set.
     for kind in ("cpu", "gpu", "text_generation"):
-        assert f"environments.{env}.pins.images.{kind} and environments.{env}.pins.model are set" in completed.stderr
+        assert f"environments.dev.pins.images.{kind} and environments.dev.pins.model are set" in completed.stderr
     assert "AwsSolutions" not in completed.stderr
     shutil.rmtree(tmp_path / "cdk.out")
+
+
+def test_npx_cdk_synth_of_a_fresh_clone_asks_for_prods_account_and_region(tmp_path):
+    """prod (termination protection, retained artifacts) never deploys to wherever the caller's credentials point."""
+    completed = run_cdk("synth", "-c", "env=prod", "--output", str(tmp_path / "cdk.out"), "--quiet",
+                        region="eu-west-1")
+    assert completed.returncode != 0
+    for key in ("account", "region"):
+        assert f"environments.prod.{key}: is required because termination_protection is true and " \
+               f"artifacts.removal_policy is retain" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def pinned_checkout(tmp_path) -> Path:
+    """The repository as a user has it once pinned: the same files, with cdk.json pinned in the builds' formats
+    (deploy/pins.py) and account and region set where cdk.json requires them."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("app.py", "stacks", "container", "model_build", "package.json", "node_modules", ".venv"):
+        if (ROOT / name).exists():
+            (checkout / name).symlink_to(ROOT / name)
+    cdk_json = pinned_cdk_json(json.loads((ROOT / "cdk.json").read_text()))
+    (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+    return checkout
+
+
+@pytest.mark.parametrize("region", ["eu-west-1", None], ids=["AWS_REGION=eu-west-1", "no-region"])
+@pytest.mark.parametrize("env", cdk_testkit.ENVIRONMENTS)
+def test_npx_cdk_synth_with_real_format_pins_and_a_resolved_region(env, region, tmp_path):
+    """The path a user takes: every endpoint in, cdk-nag passing on ids that carry the region the CLI resolved."""
+    checkout = pinned_checkout(tmp_path)
+    environment = json.loads((checkout / "cdk.json").read_text())["context"]["environments"][env]
+    out = tmp_path / "cdk.out"
+    completed = run_cdk("synth", "-c", f"env={env}", "--output", str(out), "--quiet", cwd=checkout, region=region)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "AwsSolutions" not in completed.stderr and "left out" not in completed.stderr
+    prefix = environment["name_prefix"]
+    manifest = json.loads((out / "manifest.json").read_text())["artifacts"]
+    expected_region = environment["region"] or region or "us-east-1"
+    expected_account = environment["account"] or "unknown-account"
+    for kind in cdk_testkit.STACK_KINDS:
+        assert manifest[f"{prefix}-{kind}"]["environment"] == f"aws://{expected_account}/{expected_region}"
+    for kind in ("cpu", "gpu", "text-generation"):
+        template = json.loads((out / f"{prefix}-endpoint-{kind}.template.json").read_text())
+        types = [r["Type"] for r in template["Resources"].values()]
+        assert "AWS::SageMaker::Endpoint" in types and "AWS::CloudWatch::Alarm" in types
+    # The acknowledged transform-log finding carries the resolved region (the bug a hand-written id had).
+    acknowledged = json.dumps([json.loads(p.read_text()) for p in out.glob("*.metadata.json")])
+    assert f"arn:aws:logs:{expected_region}:" in acknowledged
+    shutil.rmtree(out)
 
 
 def test_an_unknown_environment_fails_with_the_key_named(tmp_path):
@@ -63,6 +121,9 @@ def test_an_invalid_value_fails_synth_naming_its_key(tmp_path):
     shutil.copy(ROOT / "app.py", checkout)
     shutil.copy(ROOT / "model_build" / "pins.json", checkout / "model_build")
     shutil.copytree(ROOT / "stacks", checkout / "stacks", ignore=shutil.ignore_patterns("__pycache__"))
+    # The stacks read the adapter's metric log lines from this one file (stacks/adapter_logs.py).
+    (checkout / "container" / "decision_adapter").mkdir(parents=True)
+    shutil.copy(ROOT / "container" / "decision_adapter" / "metric_logs.py", checkout / "container" / "decision_adapter")
     cdk_json = json.loads((ROOT / "cdk.json").read_text())
     cdk_json["context"]["environments"]["prod"]["gpu"]["provision_timeout_s"] = 120
     cdk_json["context"]["environments"]["prod"]["pins"]["images"]["cpu"] = "decision-images:latest"
@@ -72,3 +133,5 @@ def test_an_invalid_value_fails_synth_naming_its_key(tmp_path):
     assert "environments.prod.gpu.provision_timeout_s: 120 is outside 300..3600" in completed.stderr
     assert "environments.prod.pins.images.cpu: 'decision-images:latest' is pinned by the mutable tag ':latest'" \
         in completed.stderr
+    # Every problem at once: the shipped prod names no account yet either.
+    assert "environments.prod.account: is required because" in completed.stderr

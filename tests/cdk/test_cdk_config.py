@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 import app as cdk_app
-from cdk_testkit import context_for
+from cdk_testkit import TEST_PINS, context_for
 from stacks.config import ConfigError, EcrRepositoryRef, ImagePin, load_environment
 
 DLC_DIGEST = "sha256:1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43"
@@ -72,6 +72,7 @@ def test_gpu_pools_keep_their_order():
     def edit(environment):
         environment["gpu"]["instance_pools"] = ["ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge"]
         environment["gpu"]["target_invocations_per_instance"].pop("ml.g6e.xlarge")
+        environment["gpu"]["model_latency_p99_ms"].pop("ml.g6e.xlarge")
     config = parse(edit=edit)
     assert config.gpu.instance_pools == ("ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge")
 
@@ -92,7 +93,7 @@ def test_monitoring_and_termination_protection():
 
 def test_digest_pins_resolve_against_the_project_repository():
     config = parse()
-    assert config.pins.images.cpu == ImagePin(digest="sha256:" + "1" * 64, repository=None)
+    assert config.pins.images.cpu == ImagePin(digest=TEST_PINS["images"]["cpu"], repository=None)
 
 
 def test_a_private_ecr_uri_pinned_by_digest_names_its_repository():
@@ -102,6 +103,32 @@ def test_a_private_ecr_uri_pinned_by_digest_names_its_repository():
         account="763104351884", region="eu-west-1", name="llama-cpp", partition="aws"))
     assert config.pins.images.text_generation.repository.arn == \
         "arn:aws:ecr:eu-west-1:763104351884:repository/llama-cpp"
+
+
+def test_prod_deploys_only_where_cdk_json_says():
+    """Termination protection and retained artifacts: account and region must be named, not the caller's."""
+    with pytest.raises(ConfigError) as error:
+        parse("prod", edit=lambda e: (e.pop("account"), e.pop("region")), default_account="123456789012",
+              default_region="us-east-1")
+    assert [problem.split(":")[0] for problem in error.value.problems] == [
+        "environments.prod.account", "environments.prod.region"]
+    assert "is required because termination_protection is true and artifacts.removal_policy is retain" \
+        in error.value.problems[0]
+    config = parse("prod", edit=setting("region", "eu-central-1"), default_region="us-east-1")
+    assert (config.account, config.region) == ("111122223333", "eu-central-1")
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (setting("termination_protection", True), "termination_protection is true"),
+    (setting("artifacts.removal_policy", "retain"), "artifacts.removal_policy is retain"),
+])
+def test_either_protection_requires_a_location(edit, reason):
+    with pytest.raises(ConfigError) as error:
+        parse("dev", edit=edit, default_account="123456789012", default_region="us-east-1")
+    assert error.value.problems == tuple(
+        f"environments.dev.{key}: is required because {reason}: this environment deploys only to the {key} named "
+        f"here, not to the caller's (set {example})" for key, example in (
+            ("account", "the 12-digit account id"), ("region", 'e.g. "eu-west-1"')))
 
 
 def test_account_and_region_default_to_the_cli_environment():
@@ -155,7 +182,7 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
      "environments.prod.pins.images.text_generation: 'public.ecr.aws/deep-learning-containers/llama-cpp@sha256:"
      "1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43' is not in a private Amazon ECR registry"),
     (setting("pins.model.gguf_sha256", "5" * 64),
-     "environments.prod.pins.model.s3_key: the key's GGUF sha256 (444444444444...) differs from "
+     "environments.prod.pins.model.s3_key: the key's GGUF sha256 (13c16f426047...) differs from "
      "environments.prod.pins.model.gguf_sha256 (555555555555...)"),
     (setting("pins.model.s3_key", "models/model.tar.gz"),
      "environments.prod.pins.model.s3_key: 'models/model.tar.gz' is not a key of the form "
@@ -200,7 +227,12 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
     (setting("cpu.target_invocations_per_instance", {"ml.c7i.2xlarge": 0}),
      "environments.prod.cpu.target_invocations_per_instance['ml.c7i.2xlarge']: 0 is outside 1..100000"),
     (removing("cpu.model_latency_p99_ms"), "environments.prod.cpu.model_latency_p99_ms: is required"),
-    (setting("gpu.model_latency_p99_ms", 5), "environments.prod.gpu.model_latency_p99_ms: 5 is outside 10..600000"),
+    (setting("gpu.model_latency_p99_ms", 5000), "environments.prod.gpu.model_latency_p99_ms: expected an object mapping "
+                                                "each instance type of the endpoint to its ModelLatency p99"),
+    (lambda e: e["gpu"]["model_latency_p99_ms"].__setitem__("ml.g5.xlarge", 61000),
+     "environments.prod.gpu.model_latency_p99_ms['ml.g5.xlarge']: 61000 is outside 10..60000"),
+    (lambda e: e["gpu"]["model_latency_p99_ms"].pop("ml.g4dn.xlarge"),
+     "environments.prod.gpu.model_latency_p99_ms: has no threshold for ml.g4dn.xlarge"),
     (setting("monitoring", {"alarm_emails": ["oncall"]}),
      "environments.prod.monitoring.alarm_emails[0]: 'oncall' is not an email address"),
     (setting("monitoring", {"alarm_email": []}), "environments.prod.monitoring.alarm_email: unknown key (expected "

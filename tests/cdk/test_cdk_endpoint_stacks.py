@@ -9,6 +9,7 @@ from aws_cdk.assertions import Capture, Match
 
 import cdk_testkit
 from cdk_testkit import ENDPOINT_STACKS, MODEL_SHA256, REPOSITORY_ROOT, TEST_PINS, as_list, flatten, statements
+from stacks.adapter_logs import metric_logs
 
 KINDS = tuple(ENDPOINT_STACKS)
 ADAPTER_KINDS = ("cpu", "gpu")
@@ -134,6 +135,8 @@ def test_pools_set_in_cdk_json_keep_their_order():
         environment["gpu"]["instance_pools"] = reordered
         environment["gpu"]["target_invocations_per_instance"] = {"ml.g4dn.xlarge": 90, "ml.g6e.xlarge": 400,
                                                                  "ml.g6.xlarge": 200}
+        environment["gpu"]["model_latency_p99_ms"] = {"ml.g4dn.xlarge": 9000, "ml.g6e.xlarge": 2000,
+                                                      "ml.g6.xlarge": 4000}
     synth = cdk_testkit.synthesized_with("dev", edit)
     pools = Capture()
     synth.assertions("endpoint-gpu").has_resource_properties("AWS::SageMaker::EndpointConfig", {
@@ -142,6 +145,8 @@ def test_pools_set_in_cdk_json_keep_their_order():
     # The slowest pool's target: a fleet that fell back to T4s must not be loaded like L40Ss.
     policy = one(synth, "gpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 90
+    # And its latency threshold: a fallback to T4s during an update must not roll the update back.
+    assert alarms(synth, "gpu")["ModelLatencyP99"]["Properties"]["Threshold"] == 9000 * 1000
 
 
 @pytest.mark.parametrize("kind", ["cpu", "text_generation"])
@@ -193,14 +198,13 @@ def test_scaling_tracks_invocations_with_the_instance_types_target(pinned, kind)
         "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
         "TargetValue": min(targets.values()),
         "ScaleInCooldown": config["scale_in_cooldown_s"], "ScaleOutCooldown": config["scale_out_cooldown_s"]}
-    if kind == "gpu":
-        assert targets["ml.g6e.xlarge"] > targets["ml.g4dn.xlarge"]   # an L40S is not a T4
 
 
 def test_a_different_cpu_instance_type_gets_its_own_target():
     def edit(environment):
         environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
         environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 120}
+        environment["cpu"]["model_latency_p99_ms"] = {"ml.c7i.4xlarge": 25000}
     synth = cdk_testkit.synthesized_with("prod", edit)
     policy = one(synth, "cpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 120
@@ -221,18 +225,19 @@ def alarm_names(synth, kind, ids):
             if alarm_id in found]
 
 
-ROLLBACK_ALARMS = ["Invocation5xxRate", "ModelLatencyP99", "BusyRate", "ScoringFailures", "DiskUtilization"]
+ROLLBACK_ALARMS = ["Invocation5xxRate", "ModelLatencyP99", "ScoringFailures", "MemoryUtilization", "DiskUtilization"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_updates_roll_back_on_the_error_latency_and_disk_alarms(pinned, kind):
+def test_updates_roll_back_on_faults_never_on_load(pinned, kind):
     deployment = endpoint(pinned, kind)["Properties"]["DeploymentConfig"]
     rollback = deployment["AutoRollbackConfiguration"]["Alarms"]
     assert rollback == alarm_names(pinned, kind, ROLLBACK_ALARMS)
-    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 3)
-    # Utilization is load, not a fault of the new version.
-    utilization = "GpuUtilization" if kind == "gpu" else "CpuUtilization"
-    assert utilization in alarms(pinned, kind) and alarm_names(pinned, kind, [utilization])[0] not in rollback
+    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 4)
+    # Busy 503s and utilization are load, not a fault of the new version: they notify, they never roll back.
+    load = ["GpuUtilization" if kind == "gpu" else "CpuUtilization"] + (["BusyRate"] if kind in ADAPTER_KINDS else [])
+    for alarm_id in load:
+        assert alarm_id in alarms(pinned, kind) and alarm_names(pinned, kind, [alarm_id])[0] not in rollback
 
 
 def test_deployment_strategies_per_variant_and_fleet(pinned):
@@ -265,7 +270,7 @@ def test_deployment_strategies_per_variant_and_fleet(pinned):
 @pytest.mark.parametrize("kind", KINDS)
 def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind):
     found = alarms(pinned, kind)
-    expected = {"Invocation5xxRate", "ModelLatencyP99", "DiskUtilization",
+    expected = {"Invocation5xxRate", "ModelLatencyP99", "MemoryUtilization", "DiskUtilization",
                 "GpuUtilization" if kind == "gpu" else "CpuUtilization"}
     if kind in ADAPTER_KINDS:
         expected |= {"BusyRate", "ScoringFailures"}
@@ -288,17 +293,50 @@ def test_latency_alarm_uses_the_endpoints_p99_target(pinned):
         properties = alarms(pinned, kind)["ModelLatencyP99"]["Properties"]
         assert properties["ExtendedStatistic"] == "p99" and properties["MetricName"] == "ModelLatency"
         assert properties["Namespace"] == "AWS/SageMaker"
-        # ModelLatency is reported in microseconds.
-        assert properties["Threshold"] == settings(pinned, kind)["model_latency_p99_ms"] * 1000
+        # ModelLatency is reported in microseconds; the slowest instance type's threshold.
+        assert properties["Threshold"] == max(settings(pinned, kind)["model_latency_p99_ms"].values()) * 1000
+        assert properties["Threshold"] <= 60_000_000   # SageMaker's invocation timeout
+
+
+def metric_math(properties) -> tuple[str, dict[str, tuple[str, str]]]:
+    (expression,) = [m for m in properties["Metrics"] if "Expression" in m]
+    inputs = {m["Id"]: (m["MetricStat"]["Metric"]["Namespace"], m["MetricStat"]["Metric"]["MetricName"])
+              for m in properties["Metrics"] if "MetricStat" in m}
+    return expression["Expression"], inputs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_fault_rate_leaves_out_the_adapters_busy_503s(pinned, kind):
+    """SageMaker's Invocation5XXErrors counts the adapter's busy 503s (load); the rollback alarm subtracts them."""
+    expression, inputs = metric_math(alarms(pinned, kind)["Invocation5xxRate"]["Properties"])
+    assert inputs["errors"] == ("AWS/SageMaker", "Invocation5XXErrors")
+    assert inputs["invocations"] == ("AWS/SageMaker", "Invocations")
+    if kind in ADAPTER_KINDS:
+        assert inputs["busy"] == (f"DecisionAdapter/{pinned.prefix}-{kind}", "BusyResponses")
+        assert expression == ("IF(invocations > 0 AND errors > FILL(busy, 0), "
+                              "100 * (errors - FILL(busy, 0)) / invocations, 0)")
+    else:   # llama-server queues behind its slots: its 5xx are faults
+        assert set(inputs) == {"errors", "invocations"}
+        assert expression == "IF(invocations > 0, 100 * errors / invocations, 0)"
+    assert alarms(pinned, kind)["Invocation5xxRate"]["Properties"]["Threshold"] == 5
+
+
+def test_a_canary_must_carry_more_traffic_than_the_fault_rate_threshold():
+    """At 20 instances a one-instance canary that failed every request would be 5 % of the traffic: no rollback."""
+    with pytest.raises(Exception, match=r"environments\.prod\.cpu\.max_instance_count: 20 instances: a canary of "
+                                        r"one instance would carry 5\.0 % of the traffic"):
+        cdk_testkit.synthesized_with("prod", lambda e: e["cpu"].__setitem__("max_instance_count", 20))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_memory_growth_rolls_back(pinned, kind):
+    properties = alarms(pinned, kind)["MemoryUtilization"]["Properties"]
+    assert (properties["Namespace"], properties["MetricName"], properties["Statistic"]) == (
+        "/aws/sagemaker/Endpoints", "MemoryUtilization", "Maximum")
+    assert properties["Threshold"] == 90
 
 
 def test_error_and_busy_rates_are_metric_math(pinned):
-    error = alarms(pinned, "cpu")["Invocation5xxRate"]["Properties"]
-    expression = [m for m in error["Metrics"] if "Expression" in m]
-    assert expression[0]["Expression"] == "IF(invocations > 0, 100 * errors / invocations, 0)"
-    assert {m["MetricStat"]["Metric"]["MetricName"] for m in error["Metrics"] if "MetricStat" in m} == {
-        "Invocation5XXErrors", "Invocations"}
-    assert error["Threshold"] == 5
     busy = alarms(pinned, "cpu")["BusyRate"]["Properties"]
     namespaces = {m["MetricStat"]["Metric"]["Namespace"] for m in busy["Metrics"] if "MetricStat" in m}
     assert namespaces == {f"DecisionAdapter/{pinned.prefix}-cpu"}
@@ -319,34 +357,22 @@ def test_the_adapter_log_lines_feed_the_busy_and_failure_metrics(pinned):
             (transformation,) = metric_filter["MetricTransformations"]
             assert transformation["MetricNamespace"] == f"DecisionAdapter/{pinned.prefix}-{kind}"
             assert (transformation["MetricValue"], transformation["DefaultValue"]) == ("1", 0)
-        assert filters["BusyResponses"]["FilterPattern"] == \
-            '{ $.logger = "decision_adapter.requests" && $.message = "request" && $.status = 503 }'
+        # The adapter's own definitions (container/decision_adapter/metric_logs.py); tests/deploy/test_log_contract
+        # checks them against the lines the running adapter writes.
+        assert {name: f["FilterPattern"] for name, f in filters.items()} == {
+            m.metric_name: m.filter_pattern() for m in metric_logs.METRICS}
         assert filters["ScoringFailures"]["FilterPattern"] == \
-            '{ $.logger = "decision_adapter.app" && $.message = "scoring failed" }'
-
-
-def test_the_filter_patterns_match_the_adapters_log_lines():
-    """The patterns, read as CloudWatch reads JSON patterns, select exactly the lines the adapter writes."""
-    from stacks.endpoint_specs import _adapter_log_metrics
-
-    def matches(pattern: str, line: dict) -> bool:
-        clauses = re.findall(r'\$\.(\w+) = ("[^"]*"|\d+)', pattern)
-        return all(str(line.get(key)) == value.strip('"') for key, value in clauses)
-
-    busy = {"level": "info", "logger": "decision_adapter.requests", "message": "request", "status": 503}
-    ok = {**busy, "status": 200}
-    failure = {"level": "error", "logger": "decision_adapter.app", "message": "scoring failed"}
-    patterns = {m.metric_name: m.pattern for m in _adapter_log_metrics()}
-    assert [matches(patterns["BusyResponses"], line) for line in (busy, ok, failure)] == [True, False, False]
-    assert [matches(patterns["Requests"], line) for line in (busy, ok, failure)] == [True, True, False]
-    assert [matches(patterns["ScoringFailures"], line) for line in (busy, ok, failure)] == [False, False, True]
+            '{ $.logger = "decision_adapter.requests" && $.message = "scoring failed" }'
 
 
 def test_endpoints_have_stable_names_and_generated_configs(pinned):
     for kind in KINDS:
         for resource_type in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig"):
             assert not {"ModelName", "EndpointConfigName"} & set(one(pinned, kind, resource_type)["Properties"])
-        assert not any("AlarmName" in a["Properties"] for a in alarms(pinned, kind).values())
+        # Alarms have fixed names, which the alarm topic's policy lists (test_cdk_monitoring_stack).
+        name = f"{pinned.prefix}-{kind.replace('_', '-')}"
+        assert {alarm_id: a["Properties"]["AlarmName"] for alarm_id, a in alarms(pinned, kind).items()} == {
+            alarm_id: f"{name}-{alarm_id}" for alarm_id in alarms(pinned, kind)}
 
 
 def test_log_groups_exist_before_the_endpoints(pinned):
@@ -483,3 +509,36 @@ def test_outputs_name_the_endpoint_model_and_transform_instance(pinned):
             assert outputs["TransformInstanceType"]["Value"] == expected
         else:
             assert "TransformInstanceType" not in outputs
+
+
+def test_autoscaling_false_detaches_scaling_and_keeps_the_endpoint():
+    """Step one of an instance-type change: the endpoint stays, the scalable target and its policy go."""
+    synth = cdk_testkit.synthesized_with("prod", lambda e: e["cpu"].__setitem__("autoscaling", False))
+    assert synth.resources("endpoint-cpu", "AWS::ApplicationAutoScaling::ScalableTarget") == {}
+    assert synth.resources("endpoint-cpu", "AWS::ApplicationAutoScaling::ScalingPolicy") == {}
+    assert [e["Properties"]["EndpointName"] for e in synth.resources("endpoint-cpu", "AWS::SageMaker::Endpoint")
+            .values()] == ["decision-prod-cpu"]
+    assert endpoint(synth, "cpu")["Properties"]["RetainAllVariantProperties"] is True
+    # The other endpoints keep theirs, and the template says why the fleet no longer scales.
+    assert synth.resources("endpoint-gpu", "AWS::ApplicationAutoScaling::ScalableTarget")
+    assert [w for w in synth.warnings() if "detached" in w] == [
+        "Auto scaling of the cpu endpoint is detached (environments.prod.cpu.autoscaling is false): its fleet stays "
+        "at the instance count it has. Set it back to true once the instance type or pool change is deployed "
+        "(README.md, Deploy)."]
+
+
+def test_step_two_changes_the_instance_type_with_scaling_still_detached_then_step_three_attaches_it():
+    def new_type(attached):
+        def edit(environment):
+            environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
+            environment["cpu"]["threads"] = 16
+            environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 17}
+            environment["cpu"]["model_latency_p99_ms"] = {"ml.c7i.4xlarge": 23000}
+            environment["cpu"]["autoscaling"] = attached
+        return edit
+    detached = cdk_testkit.synthesized_with("prod", new_type(False))
+    assert variant(detached, "cpu")["InstanceType"] == "ml.c7i.4xlarge"
+    assert detached.resources("endpoint-cpu", "AWS::ApplicationAutoScaling::ScalableTarget") == {}
+    attached = cdk_testkit.synthesized_with("prod", new_type(True))
+    policy = one(attached, "cpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
+    assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 17

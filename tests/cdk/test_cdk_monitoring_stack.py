@@ -4,6 +4,7 @@ and termination protection on every stack of prod."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -20,18 +21,65 @@ def dashboard_body(synth) -> dict:
     return json.loads(text)
 
 
-def test_one_topic_encrypted_with_its_own_key_and_tls_only(pinned):
+def endpoint_alarm_names(synth) -> set[str]:
+    return {alarm["Properties"]["AlarmName"] for stack in ENDPOINT_STACKS.values()
+            for alarm in synth.resources(stack, "AWS::CloudWatch::Alarm").values()}
+
+
+def alarm_arn_names(statement) -> set[str]:
+    """The alarm names of a statement's aws:SourceArn condition (each an ARN of this account and region)."""
+    arns = [flatten(arn) for arn in statement["Condition"]["ArnLike"]["aws:SourceArn"]]
+    pattern = re.compile(r"^arn:(?:aws|<AWS::Partition>):cloudwatch:(?:[a-z0-9-]+|<AWS::Region>):"
+                         r"(?:\d{12}|<AWS::AccountId>):alarm:(?P<name>[^*?]+)$")
+    assert all(pattern.match(arn) for arn in arns), arns
+    return {pattern.match(arn)["name"] for arn in arns}
+
+
+def test_one_topic_encrypted_with_its_own_key(pinned):
     (topic,) = pinned.resources("monitoring", "AWS::SNS::Topic").values()
     assert flatten(topic["Properties"]["KmsMasterKeyId"]).startswith("<AlarmTopicKey")
     (key,) = pinned.resources("monitoring", "AWS::KMS::Key").values()
     assert key["Properties"]["EnableKeyRotation"] is True
+
+
+def test_the_topic_policy_lets_cloudwatch_publish_for_this_accounts_endpoint_alarms_over_tls_only(pinned):
+    """A TopicPolicy replaces the topic's default policy: without this Allow no alarm reaches anyone."""
+    (topic_id,) = pinned.resources("monitoring", "AWS::SNS::Topic")
+    (policy,) = pinned.resources("monitoring", "AWS::SNS::TopicPolicy").values()
+    assert policy["Properties"]["Topics"] == [{"Ref": topic_id}]
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    (deny,) = [s for s in statements if s["Effect"] == "Deny"]
+    assert deny["Principal"] == "*" and deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    (allow,) = [s for s in statements if s["Effect"] == "Allow"]
+    assert allow["Principal"] == {"Service": "cloudwatch.amazonaws.com"}
+    assert allow["Action"] == "sns:Publish" and allow["Resource"] == {"Ref": topic_id}
+    assert allow["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    # Exactly the endpoint stacks' alarms (by their fixed names), of this account and region.
+    assert alarm_arn_names(allow) == endpoint_alarm_names(pinned)
+    assert set(allow["Condition"]) == {"StringEquals", "ArnLike"}
+
+
+def test_the_key_lets_cloudwatch_encrypt_for_the_same_alarms_only(pinned):
+    (key,) = pinned.resources("monitoring", "AWS::KMS::Key").values()
     statements = key["Properties"]["KeyPolicy"]["Statement"]
     (cloudwatch,) = [s for s in statements if s.get("Principal") == {"Service": "cloudwatch.amazonaws.com"}]
+    assert cloudwatch["Effect"] == "Allow"
     assert sorted(cloudwatch["Action"]) == ["kms:Decrypt", "kms:GenerateDataKey*"]
-    assert cloudwatch["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
+    assert cloudwatch["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
     (policy,) = pinned.resources("monitoring", "AWS::SNS::TopicPolicy").values()
-    (deny,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
-    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    (allow,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    assert cloudwatch["Condition"]["ArnLike"] == allow["Condition"]["ArnLike"]
+
+
+def test_unpinned_endpoints_alarms_are_allowed_before_they_exist(fresh_clone):
+    """The policy names every kind's alarms, so a later pin needs no change of the monitoring stack to notify."""
+    (policy,) = fresh_clone.resources("monitoring", "AWS::SNS::TopicPolicy").values()
+    (allow,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Allow"]
+    names = alarm_arn_names(allow)
+    assert endpoint_alarm_names(fresh_clone) == set()
+    for kind in ENDPOINT_STACKS:
+        assert f"{fresh_clone.prefix}-{kind.replace('_', '-')}-ScoringFailures" in names or kind == "text_generation"
+        assert f"{fresh_clone.prefix}-{kind.replace('_', '-')}-ModelLatencyP99" in names
 
 
 def test_no_email_subscription_unless_cdk_json_names_one(pinned):

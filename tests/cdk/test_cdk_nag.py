@@ -93,6 +93,9 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
                 if entry["type"] == "aws:cdk:acknowledged-rules":
                     acknowledged |= set(entry["data"])
     export = f"{pinned.prefix}-artifacts:ArtifactBucketArn"
+    # dev is synthesized without a region (<AWS::Region>), prod in the region cdk.json names (a literal).
+    location = "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>" if pinned.env == "dev" else \
+        f"arn:aws:logs:{cdk_testkit.EXAMPLE_REGION}:{cdk_testkit.EXAMPLE_ACCOUNT}"
     assert {rule.removeprefix("Annotation::") for rule in acknowledged} == {
         "AwsSolutions-IAM5[Resource::*]",
         f"AwsSolutions-IAM5[Resource::{export}/models/*]",
@@ -100,6 +103,5 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
         f"AwsSolutions-IAM5[Resource::{export}/image-digests/gpu/*]",
         f"AwsSolutions-IAM5[Resource::{export}/batch/input/*]",
         f"AwsSolutions-IAM5[Resource::{export}/batch/output/*]",
-        "AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:"
-        "/aws/sagemaker/TransformJobs:log-stream:*]",
+        f"AwsSolutions-IAM5[Resource::{location}:log-group:/aws/sagemaker/TransformJobs:log-stream:*]",
     }

@@ -13,11 +13,18 @@ FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
                     "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}
 
 
-def manifest(seed: str) -> str:
-    """A distinct image manifest per seed (moto derives the digest from the manifest's bytes)."""
-    return json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                       "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 7,
-                                  "digest": "sha256:" + seed * 64}, "layers": []})
+DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def manifest(seed: str, media_type: str = DOCKER_V2) -> str:
+    """A distinct image manifest per seed (moto derives the digest from the manifest's bytes); a Docker schema 2
+    manifest as docker push writes it, or an OCI one as BuildKit's default (attestations aside) writes it."""
+    config_type = "application/vnd.docker.container.image.v1+json" if media_type == DOCKER_V2 else \
+        "application/vnd.oci.image.config.v1+json"
+    return json.dumps({"schemaVersion": 2, "mediaType": media_type,
+                       "config": {"mediaType": config_type, "size": 7, "digest": "sha256:" + seed * 64},
+                       "layers": []})
 
 
 def push(ecr, repository: str, image_manifest: str, tag: str) -> str:

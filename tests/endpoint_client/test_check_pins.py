@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from registry_testkit import FAKE_CREDENTIALS, REPOSITORY_ROOT, manifest, push
+from registry_testkit import FAKE_CREDENTIALS, OCI_MANIFEST, REPOSITORY_ROOT, manifest, push
 from endpoint_client import pins
 from endpoint_client.pins import protective_tag
 
@@ -84,6 +84,30 @@ def test_a_pin_in_another_repository_is_checked_there(deployment, capsys):
     assert code == 0, lines
     assert f"ok          environments.dev.pins.images.text_generation: {uri} (another repository" in lines[2]
     assert tags(deployment, deployment.digests["cpu"]) >= {protective_tag(deployment.digests["cpu"])}
+
+
+def test_an_image_pushed_as_an_oci_manifest_is_refused_and_not_protected(deployment, capsys):
+    """SageMaker pulls Docker schema 2 manifests only; BuildKit's default push (OCI) would fail the deploy."""
+    ecr = deployment.client("ecr")
+    digest = push(ecr, deployment.repository, manifest("8", OCI_MANIFEST), "cpu-20260102T000000Z")
+    deployment.write_cdk_json(lambda e: e["pins"]["images"].__setitem__("cpu", digest))
+    code, lines, _ = run(deployment, "--protect", capsys=capsys)
+    assert code == 1
+    assert lines[0] == (f"unsupported environments.dev.pins.images.cpu: {deployment.repository}@{digest} "
+                        f"({OCI_MANIFEST}: SageMaker pulls only application/vnd.docker.distribution.manifest.v2+json)")
+    assert [line.split()[0] for line in lines[1:]] == ["ok", "ok", "ok"]
+    assert protective_tag(digest) not in tags(deployment, digest)
+
+
+def test_the_mirrored_dlc_image_is_checked_in_its_own_repository_too(deployment, capsys):
+    ecr = deployment.client("ecr")
+    ecr.create_repository(repositoryName=f"dlc-{deployment.repository}")
+    digest = push(ecr, f"dlc-{deployment.repository}", manifest("6", OCI_MANIFEST), "server-sagemaker-cpu-v1")
+    uri = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/dlc-{deployment.repository}@{digest}"
+    deployment.write_cdk_json(lambda e: e["pins"]["images"].__setitem__("text_generation", uri))
+    code, lines, _ = run(deployment, "--protect", capsys=capsys)
+    assert code == 1
+    assert lines[2].startswith(f"unsupported environments.dev.pins.images.text_generation: {uri} ({OCI_MANIFEST}")
 
 
 def test_an_environment_without_its_artifacts_stack_fails_clearly(deployment, capsys):

@@ -11,7 +11,9 @@ from typing import Any
 
 from flask import g
 
-REQUEST_LOGGER = "decision_adapter.requests"
+from ..metric_logs import REQUEST, SCORING_FAILED
+
+REQUEST_LOGGER = REQUEST.logger
 
 
 class JsonFormatter(logging.Formatter):
@@ -39,12 +41,14 @@ def configure(level: str) -> None:
 
 
 def log_request(fields: dict[str, Any]) -> None:
-    logging.getLogger(REQUEST_LOGGER).info("request", extra={"fields": fields})
+    # A metric filter counts these lines: logger, message and status are defined in metric_logs.
+    REQUEST.log(fields)
 
 
 def log_scoring_failed(fields: dict[str, Any]) -> None:
-    """A request's scoring raised inside the engine: its cause (the traceback is logged by the scheduler)."""
-    logging.getLogger(REQUEST_LOGGER).error("scoring failed", extra={"fields": fields})
+    """A request's scoring raised inside the engine: its cause (the traceback is logged by the scheduler). The
+    ScoringFailures metric counts this line (metric_logs); an update rolls back on its alarm."""
+    SCORING_FAILED.log(fields)
 
 
 def add_log_fields(fields: dict[str, Any]) -> None:

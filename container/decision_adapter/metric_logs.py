@@ -1,0 +1,85 @@
+"""The log lines that CloudWatch metrics are made from: the one definition of each.
+
+A deployed endpoint counts requests, busy answers and failures with CloudWatch Logs metric filters on the
+adapter's JSON log lines (``server/logs.JsonFormatter``: ``logger``, ``message``, then the line's own fields). A metric
+filter matches a logger name, a message and field values as text, so renaming any of them silently stops the
+metric, and the alarm on it can never fire again. Each such line is therefore defined here once: the adapter
+logs it through :meth:`LogLine.log`, and the CDK app (``stacks/``) builds its filters from
+:meth:`LogMetric.filter_pattern`, loading this file by its path.
+
+This module imports only the standard library and nothing else of the package, so that the CDK app can load
+it without the adapter or its dependencies installed. Do not rename a logger, a message or a field here
+without deploying the stacks again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+# Comparison operators of CloudWatch Logs JSON filter patterns: = and != for strings, all six for numbers.
+STRING_OPERATORS = ("=", "!=")
+NUMBER_OPERATORS = ("=", "!=", "<", ">", "<=", ">=")
+
+
+@dataclass(frozen=True)
+class FieldTest:
+    """One comparison of a field of the line with a constant: ``$.<field> <operator> <value>``."""
+    field: str
+    operator: str
+    value: str | int
+
+    def __post_init__(self) -> None:
+        allowed = STRING_OPERATORS if isinstance(self.value, str) else NUMBER_OPERATORS
+        if self.operator not in allowed or isinstance(self.value, bool):
+            raise ValueError(f"{self.field} {self.operator} {self.value!r}: not a JSON filter comparison")
+
+    def render(self) -> str:
+        value = json.dumps(self.value) if isinstance(self.value, str) else str(self.value)
+        return f"$.{self.field} {self.operator} {value}"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """A line the adapter writes: its logger, its level and its message. The fields vary per line."""
+    logger: str
+    level: int
+    message: str
+
+    def log(self, fields: Mapping[str, Any]) -> None:
+        """Write the line; ``fields`` become top-level keys of its JSON object (server/logs.JsonFormatter)."""
+        logging.getLogger(self.logger).log(self.level, self.message, extra={"fields": dict(fields)})
+
+    def identity(self) -> tuple[FieldTest, ...]:
+        return (FieldTest("logger", "=", self.logger), FieldTest("message", "=", self.message))
+
+
+@dataclass(frozen=True)
+class LogMetric:
+    """A CloudWatch metric counting the lines of ``line`` whose fields pass every test in ``where``."""
+    metric_name: str
+    line: LogLine
+    where: tuple[FieldTest, ...] = ()
+
+    def filter_pattern(self) -> str:
+        """The CloudWatch Logs JSON filter pattern of a metric filter that counts these lines."""
+        return "{ " + " && ".join(test.render() for test in (*self.line.identity(), *self.where)) + " }"
+
+
+# One line per request the adapter answers (not /ping), with its HTTP status (server/app.py, logs.log_request).
+REQUEST = LogLine(logger="decision_adapter.requests", level=logging.INFO, message="request")
+# A request whose scoring raised in the engine; it is answered with a 500 (server/calls.py). The logger is the
+# request logger: these names are a contract with the stacks, not the module layout.
+SCORING_FAILED = LogLine(logger="decision_adapter.requests", level=logging.ERROR, message="scoring failed")
+
+# The adapter's busy answer: a full queue, a passed deadline or a server draining (errors.busy). It means load,
+# not a fault: scaling reacts to it, an update never rolls back on it.
+BUSY_STATUS = 503
+
+REQUESTS = LogMetric("Requests", REQUEST)
+BUSY_RESPONSES = LogMetric("BusyResponses", REQUEST, (FieldTest("status", "=", BUSY_STATUS),))
+SCORING_FAILURES = LogMetric("ScoringFailures", SCORING_FAILED)
+
+METRICS = (REQUESTS, BUSY_RESPONSES, SCORING_FAILURES)
