@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from benchmarks.clients import EndpointError, HttpEndpoint, endpoint
 from benchmarks.metrics import Outcome, accuracy, brier, ece, latency_summary, percentile, reliability
 from benchmarks.report import markdown
 from benchmarks.tasks import first_per_tier, load, state_chars, with_short_states
+from loopback_servers import JsonServer, Reply, moto_server
 
 SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
 
@@ -153,45 +152,30 @@ def test_markdown_report_has_a_row_per_tier_and_the_reproducing_command():
 # ---- clients -------------------------------------------------------------------------------------
 
 
-class _BusyThenOk(http.server.BaseHTTPRequestHandler):
-    answers: list[int] = []
-
-    def do_POST(self):  # noqa: N802 - the stdlib's name
-        self.rfile.read(int(self.headers["Content-Length"]))
-        status = self.answers.pop(0)
-        body = json.dumps({"ok": status == 200}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Retry-After", "0")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def stub():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyThenOk)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/systemone"
-    server.shutdown()
+    """A loopback endpoint answering the statuses the test scripts, each with Retry-After: 0."""
+    statuses: list[int] = []
+    respond = lambda request: Reply(statuses.pop(0), {"ok": statuses == []}, {"Retry-After": "0"})  # noqa: E731
+    with JsonServer(respond) as server:
+        yield f"{server.url}/v1/systemone", statuses
 
 
 def test_busy_answers_are_retried_after_retry_after(stub):
-    _BusyThenOk.answers = [503, 429, 200]
-    body, elapsed = HttpEndpoint(stub, attempts=3).call({"q": 1})
-    assert body == {"ok": True} and elapsed >= 0 and _BusyThenOk.answers == []
+    url, statuses = stub
+    statuses += [503, 429, 200]
+    body, elapsed = HttpEndpoint(url, attempts=3).call({"q": 1})
+    assert body == {"ok": True} and elapsed >= 0 and statuses == []
 
 
 def test_a_client_error_or_exhausted_retries_raise_with_the_status(stub):
-    _BusyThenOk.answers = [422]
+    url, statuses = stub
+    statuses += [422]
     with pytest.raises(EndpointError, match="HTTP 422"):
-        HttpEndpoint(stub).call({})
-    _BusyThenOk.answers = [503, 503]
+        HttpEndpoint(url).call({})
+    statuses += [503, 503]
     with pytest.raises(EndpointError, match="HTTP 503"):
-        HttpEndpoint(stub, attempts=2).call({})
+        HttpEndpoint(url, attempts=2).call({})
 
 
 def test_endpoint_specs():
@@ -203,7 +187,6 @@ def test_endpoint_specs():
 def test_a_sagemaker_endpoint_is_called_through_sagemaker_runtime(monkeypatch):
     """Against a moto server on loopback: the harness's SageMaker path signs, sends and parses for real."""
     import requests
-    from moto.server import ThreadedMotoServer
 
     from benchmarks.clients import SageMakerEndpoint
 
@@ -211,19 +194,14 @@ def test_a_sagemaker_endpoint_is_called_through_sagemaker_runtime(monkeypatch):
                         "AWS_SESSION_TOKEN": "testing"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
+    with moto_server() as url:
         answer = {"model": "jev-latest", "answers": {"q": {"type": "noul", "noul": 0.7}}}
-        requests.post(f"http://{host}:{port}/moto-api/static/sagemaker/endpoint-results", json={"results": [
+        requests.post(f"{url}/moto-api/static/sagemaker/endpoint-results", json={"results": [
             {"Body": json.dumps(answer), "ContentType": "application/json", "InvokedProductionVariant": "AllTraffic",
              "CustomAttributes": ""}]}, timeout=10).raise_for_status()
-        client = SageMakerEndpoint("decision-dev-cpu", region="us-east-1", endpoint_url=f"http://{host}:{port}")
+        client = SageMakerEndpoint("decision-dev-cpu", region="us-east-1", endpoint_url=url)
         body, elapsed = client.call({"model": "jev-latest", "state": "s", "questions": {"q": {"type": "noul"}}})
         assert body == answer and elapsed > 0
-    finally:
-        server.stop()
 
 
 def test_accuracy_tool_compares_styles_orders_and_calibration_on_the_real_model(tmp_path):

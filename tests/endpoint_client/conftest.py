@@ -12,18 +12,15 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
+import loopback_servers
 from registry_testkit import ACCOUNT, FAKE_CREDENTIALS, REGION, REPOSITORY_ROOT, manifest, push
 
 
 @pytest.fixture(scope="session")
 def moto_server():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with loopback_servers.moto_server() as url:
+        yield url
 
 
 @pytest.fixture

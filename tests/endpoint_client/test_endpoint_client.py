@@ -8,17 +8,15 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
 import pytest
 import requests
 from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
 from endpoint_client.invoke import InvokeFailed, RetryPolicy, invoke
+from loopback_servers import JsonServer, Reply, replies
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPOSITORY_ROOT / "examples" / "support-route.json"
@@ -48,12 +46,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 # --- moto: the happy path ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+def moto_url(moto_server):
+    return moto_server
 
 
 def queue_moto_result(moto_url: str, body: str, content_type: str = "application/json") -> None:
@@ -83,47 +77,13 @@ def test_invoke_returns_body_and_variant_from_moto(moto_url):
 
 # --- a scripted SageMaker Runtime on loopback: retries --------------------------------------------------
 
-class ScriptedRuntime:
+class ScriptedRuntime(JsonServer):
     """Answers InvokeEndpoint with the scripted (status, error type, body) answers in turn, then 200."""
 
     def __init__(self, answers: list[tuple[int, str, dict]], success_body: bytes = json.dumps(RESULT).encode()):
-        self.answers, self.success_body, self.requests = list(answers), success_body, []
-        runtime = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", 0))
-                runtime.requests.append({"path": self.path, "headers": dict(self.headers),
-                                         "body": self.rfile.read(length)})
-                if runtime.answers:
-                    status, error_type, payload = runtime.answers.pop(0)
-                    body = json.dumps(payload).encode()
-                    self.send_response(status)
-                    self.send_header("x-amzn-ErrorType", error_type)
-                    self.send_header("Content-Type", "application/json")
-                else:
-                    body = runtime.success_body
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("x-Amzn-Invoked-Production-Variant", "AllTraffic")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        scripted = [Reply(status, payload, {"x-amzn-ErrorType": error_type}) for status, error_type, payload in answers]
+        super().__init__(replies(*scripted, then=Reply(200, body=success_body, headers={
+            "x-Amzn-Invoked-Production-Variant": "AllTraffic"})))
 
     def client(self):
         return boto3.client("sagemaker-runtime", region_name="us-east-1", endpoint_url=self.url,
@@ -161,10 +121,10 @@ def test_503_is_retried_with_exponential_backoff_until_it_succeeds():
     assert recorder.sleeps == [0.5, 1.0, 2.0]
     assert len(runtime.requests) == 4
     for request in runtime.requests:  # every attempt is a real, signed InvokeEndpoint request
-        assert request["path"] == "/endpoints/decision-dev-cpu/invocations"
-        assert request["body"] == EXAMPLE.read_bytes()
-        assert request["headers"]["Content-Type"] == "application/json"
-        assert request["headers"]["Authorization"].startswith("AWS4-HMAC-SHA256 ")
+        assert request.path == "/endpoints/decision-dev-cpu/invocations"
+        assert request.body == EXAMPLE.read_bytes()
+        assert request.headers["Content-Type"] == "application/json"
+        assert request.headers["Authorization"].startswith("AWS4-HMAC-SHA256 ")
     assert "attempt 1/6: SageMaker answered 503 ServiceUnavailable" in recorder.logs[0]
 
 

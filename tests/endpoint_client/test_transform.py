@@ -4,13 +4,12 @@ parameters, where it refuses to read or write, and the progress it reports while
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from endpoint_client import transform
 from endpoint_client.deployment import Aws
+from loopback_servers import JsonServer, Reply
 from endpoint_client.transform import S3Location, TransformPlan, ExecutionParameters, wait
 
 
@@ -55,28 +54,13 @@ def test_a_job_runs_the_stacks_model_over_json_lines_and_reports_the_output(depl
     assert [g["logGroupName"] for g in groups["logGroups"]] == ["/aws/sagemaker/TransformJobs"]
 
 
-class ExecutionParametersHandler(BaseHTTPRequestHandler):
-    answer: dict = {}
-
-    def do_GET(self):  # noqa: N802
-        body = json.dumps(self.answer).encode() if self.path == "/execution-parameters" else b"{}"
-        self.send_response(200 if self.path == "/execution-parameters" else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def container():
-    """A loopback stand-in for the container's GET /execution-parameters."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ExecutionParametersHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server, f"http://127.0.0.1:{server.server_address[1]}/execution-parameters"
-    server.shutdown()
+    """A loopback stand-in for the container's GET /execution-parameters; the test sets ``answer[0]``."""
+    answer: list[dict] = [{}]
+    respond = lambda request: Reply(200, answer[0]) if request.path == "/execution-parameters" else Reply(404, {})  # noqa: E731
+    with JsonServer(respond) as server:
+        yield answer, f"{server.url}/execution-parameters"
 
 
 @pytest.mark.parametrize("answer, expected", [
@@ -85,8 +69,8 @@ def container():
 ])
 def test_the_containers_execution_parameters_are_used(deployment, endpoint_stack, container, capsys, answer,
                                                       expected):
-    server, url = container
-    ExecutionParametersHandler.answer = answer
+    answered, url = container
+    answered[0] = answer
     code, out, err = run(deployment, "--input", put_inputs(deployment), "--job-name", "decision-dev-cpu-test2",
                          "--execution-parameters", url, "--no-wait", capsys=capsys)
     assert code == 0, err
@@ -118,8 +102,8 @@ def test_each_request_gets_the_budget_the_models_container_works_to(deployment, 
 ])
 def test_execution_parameters_the_runner_cannot_honour_stop_it(deployment, endpoint_stack, container, capsys,
                                                                answer, extra, message):
-    server, url = container
-    ExecutionParametersHandler.answer = answer
+    answered, url = container
+    answered[0] = answer
     code, _, err = run(deployment, "--input", put_inputs(deployment), "--execution-parameters", url, *extra,
                        capsys=capsys)
     assert code == 2 and message in err

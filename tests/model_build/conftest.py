@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
 
+from loopback_servers import moto_server
 from packaging_testkit import (BUILDSPEC, EMBEDDED_MODEL_FILE, EMBEDDED_MODEL_PACKAGE, FAKE_AWS_ENV, REPO_ROOT,
                                UNSET_ENV, EmbeddedGguf, Origin, OriginServer, PackagedModel, buildspec_build_script,
                                hugging_face_pin, parse_exported, parse_results, s3_client_for)
@@ -109,11 +109,8 @@ def fake_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
