@@ -58,6 +58,11 @@ class Settings:
                             "Name the model is served under; defaults to the GGUF file name without .gguf.")
     threads: int = setting("ADAPTER_THREADS", _default_threads,
                            "CPU threads for llama.cpp (default: the CPUs this process may use).", ge=1, le=512)
+    cpu_variant: str = setting("ADAPTER_CPU_VARIANT", "auto",
+                               "llama.cpp's CPU kernels: auto loads the best variant for the CPU the server starts on; "
+                               "a variant's name (x64, haswell, skylakex, icelake, zen4, sapphirerapids, ...) loads "
+                               "that one, the same answers bit for bit on every instance type that can run it.",
+                               pattern=r"^[a-z0-9_.]+$", max_length=64)
     gpu_layers: int = setting("ADAPTER_GPU_LAYERS", 0,
                               "Layers to offload to the GPU: 0 = CPU only, -1 = all. Needs a GPU build.",
                               ge=-1, le=100_000)

@@ -53,7 +53,7 @@ def engine_options(settings: Settings):
     return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
                          batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
                          flash_attention=settings.flash_attention == "on", kv_cache_type=settings.kv_cache_type,
-                         state_cache_bytes=settings.state_cache_mb << 20)
+                         state_cache_bytes=settings.state_cache_mb << 20, cpu_variant=settings.cpu_variant)
 
 
 def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *,
@@ -71,8 +71,8 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         from .engine.core import Engine
 
         engine = Engine(str(gguf), engine_options(settings))
-    runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
-               "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
+    runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture,
+               "threads": settings.threads, "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
                "kv_cache_type": settings.kv_cache_type, "prompt_version": style.version}
     scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
     try:

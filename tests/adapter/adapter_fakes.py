@@ -28,6 +28,7 @@ class FakeEngine:
     ctx_tokens = 4096
     architecture = "fake"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
+    kernel_info = {"cpu_variant": "fake", "cpu_features": []}
 
     def __init__(self, model_path: Path, *, on_score: Callable[[], None] | None = None,
                  logits: Callable[[int], list[float]] | None = None):

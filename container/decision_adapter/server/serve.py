@@ -29,13 +29,15 @@ def preflight(settings: Settings) -> None:
         raise PreflightError(str(exc)) from None
     try:
         from ..engine.core import check_gpu_layers
-        from ..engine.errors import GpuUnavailable
+        from ..engine.errors import BackendUnavailable, GpuUnavailable
     except (ImportError, OSError, RuntimeError) as exc:
         raise PreflightError(f"llama-cpp-python cannot load its native library: {exc}") from None
     try:
-        check_gpu_layers(settings.gpu_layers)
+        check_gpu_layers(settings.gpu_layers, settings.cpu_variant)
     except GpuUnavailable as exc:
         raise PreflightError(str(exc)) from None
+    except BackendUnavailable:
+        pass  # the worker fails to load the same way and says why in /ping (503) and the log
 
 
 class _Gunicorn(BaseApplication):
