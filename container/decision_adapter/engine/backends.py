@@ -12,10 +12,6 @@ calls ggml through ctypes with the folder the loaded ``libllama`` came from, bef
 on every instance of a mixed fleet); ggml refuses it on a CPU that lacks its instructions. A build whose CPU backend
 is linked in (the GPU image, any build without ``GGML_BACKEND_DL``) reports the variant ``built-in``. Whatever
 cannot be loaded raises ``BackendUnavailable`` with the reason; nothing here may crash the process.
-
-The CPU backend's threads are OpenMP's (libgomp, which every variant links): ``OMP_WAIT_POLICY`` and
-``GOMP_SPINCOUNT`` are read once, when the first variant is loaded, so ``load`` sets the wait policy it is given
-into the environment first (README "Threads").
 """
 
 from __future__ import annotations
@@ -137,18 +133,13 @@ def probe(path: Path) -> int:
         _libdl.dlclose(handle)
 
 
-def load(variant: str = "auto", *, wait_policy: str | None = None) -> Kernels:
+def load(variant: str = "auto") -> Kernels:
     """Load the CPU backend once per process: the best variant for this CPU (``auto``) or the one named, and every
     other backend the folder holds where ``auto``; then describe it. A second call returns the first's result,
-    and refuses a different variant (ggml cannot swap the kernels under a loaded model).
-
-    ``wait_policy`` (``active``/``passive``) becomes ``OMP_WAIT_POLICY`` before OpenMP is loaded, unless the
-    environment already sets it."""
+    and refuses a different variant (ggml cannot swap the kernels under a loaded model)."""
     global _loaded
     with _lock:
         if _loaded is None:
-            if wait_policy and "OMP_WAIT_POLICY" not in os.environ:
-                os.environ["OMP_WAIT_POLICY"] = wait_policy
             _loaded = _load(variant)
             log.info("llama.cpp CPU kernels: variant %s (%s) from %s on %s; backends %s", _loaded.variant,
                      " ".join(_loaded.features), _loaded.library, _loaded.cpu, ", ".join(_loaded.backends))
