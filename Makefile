@@ -9,10 +9,13 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PORT ?= 8080
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-# llama-cpp-python compiles llama.cpp from source (about 7 minutes on 2 cores). Its wheel is built once per
-# version and flag set into a cache folder outside the checkout; pip's own cache ignores CMAKE_ARGS.
+# llama-cpp-python compiles llama.cpp from source. Its wheel is built once per version and flag set into a cache
+# folder outside the checkout; pip's own cache ignores CMAKE_ARGS. The CPU build is llama.cpp's release layout: every
+# x86-64 CPU variant as its own backend library (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS) installed beside libllama in
+# llama_cpp/lib, where the engine loads the best one for the CPU it starts on (engine/backends.py).
 LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
-LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
+	-DGGML_BACKEND_DIR:STRING=llama_cpp/lib
 LLAMA_FLAGS_ID := $(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 LLAMA_WHEEL_CACHE ?= $(HOME)/.cache/decision-adapter/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(LLAMA_FLAGS_ID)
 LLAMA_WHEEL_STAMP := $(LLAMA_WHEEL_CACHE)/.complete

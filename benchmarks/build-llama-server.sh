@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` (target tools/server) from the llama.cpp source that the pinned
-# llama-cpp-python source package vendors, with the same CPU flags as the adapter's wheel, so that the
-# generation baseline runs the same kernels. Built once into a cache folder; prints the binary's path.
-# LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g. "-DGGML_CUDA=ON" on a GPU machine.
+# llama-cpp-python source package vendors. Built once into a cache folder; prints the binary's path.
+#
+# The generation baseline is the peer a user would run, so it gets the best kernels for this CPU: -DGGML_NATIVE=ON
+# (the kernels llama.cpp's release build would pick here, compiled for this CPU alone; one CPU backend, so the build
+# takes minutes, not the all-variants build's). A native binary runs only on CPUs like the one that built it, so its
+# cache folder is keyed by this CPU's feature flags as well. LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g.
+# "-DGGML_CUDA=ON" on a GPU machine, or "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" for the
+# adapter's former AVX2-only kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VERSION=$(sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
-FLAGS=${LLAMA_SERVER_CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"}
-FLAGS_ID=$(printf '%s' "$FLAGS" | sha256sum | cut -c1-12)
+FLAGS=${LLAMA_SERVER_CMAKE_ARGS:-"-DGGML_NATIVE=ON"}
+KEY=$FLAGS
+case " $FLAGS " in
+    *" -DGGML_NATIVE=ON "*) KEY="$FLAGS $(grep -m1 '^flags' /proc/cpuinfo)" ;;
+esac
+FLAGS_ID=$(printf '%s' "$KEY" | sha256sum | cut -c1-12)
 DEST=${LLAMA_SERVER_CACHE:-$HOME/.cache/decision-adapter/llama-server-$VERSION-$FLAGS_ID}
 
 if [ -x "$DEST/bin/llama-server" ]; then

@@ -6,7 +6,9 @@
 # handed to the image build. Like the llama.cpp DLC base, that base sets LD_LIBRARY_PATH=/opt/llama.cpp/bin,
 # and it holds empty decoys of libllama/libggml there: an image that does not reset the variable cannot load
 # llama.cpp. The model is packaged by model_build from the embedded GGUF, served over loopback HTTP, then
-# unpacked and mounted at /opt/ml/model as SageMaker does.
+# unpacked and mounted at /opt/ml/model as SageMaker does. The server must run the CPU kernels ggml rates best for
+# this machine's CPU among the variants the wheel ships (the /ping and result fields, and the one libggml-cpu-*.so
+# the server maps).
 #
 # IMAGE_TEST_FLAVOR=gpu builds container/Dockerfile.gpu on its real base (the llama.cpp DLC, CUDA) instead and
 # serves the decision on the machine's NVIDIA GPU: it needs public ECR and NVIDIA's package repository, a GPU
@@ -76,7 +78,9 @@ fi
 say "checks on the image: non-root user, serve entry point, no model inside"
 [ "$("${PODMAN[@]}" image inspect --format '{{.Config.User}}' "$IMAGE")" = 10001 ]
 [ "$("${PODMAN[@]}" image inspect --format '{{json .Config.Cmd}}' "$IMAGE")" = '["serve"]' ]
-if ! "${PODMAN[@]}" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE" | grep -qx 'LD_LIBRARY_PATH='; then
+# Read whole before grep: with pipefail, `grep -q` quitting at the first match can fail podman with SIGPIPE.
+IMAGE_ENV=$("${PODMAN[@]}" image inspect --format '{{range .Config.Env}}{{println .}}{{end}}' "$IMAGE")
+if ! grep -qx 'LD_LIBRARY_PATH=' <<<"$IMAGE_ENV"; then
     echo "image-test: the image does not reset LD_LIBRARY_PATH (the base's llama.cpp would shadow the adapter's)" >&2
     exit 1
 fi
@@ -117,15 +121,31 @@ fi
 echo
 curl -sf "http://127.0.0.1:$PORT/invocations" -H 'Content-Type: application/json' \
     -d @examples/support-route.json > "$WORK/result.json" || { "${PODMAN[@]}" logs "$CONTAINER" >&2; exit 1; }
-"$PY" - "$WORK/result.json" "$SHA" "$GPU_LAYERS" <<'CHECK'
+curl -sf "http://127.0.0.1:$PORT/ping" > "$WORK/ping.json"
+# The CPU kernels the container must run: on the CPU flavour the best variant for this machine's CPU, as ggml scores
+# the variants the wheel ships (the container runs on this CPU); the GPU image's CPU backend is built in.
+if [ "$FLAVOR" = cpu ]; then
+    VARIANT=$("$PY" -c 'from decision_adapter.engine import backends; import llama_cpp, pathlib
+files = backends.variant_files(pathlib.Path(llama_cpp.__file__).parent / "lib")
+scores = {name: backends.probe(path) for name, path in files.items()}
+print(max(scores, key=scores.get))')
+else
+    VARIANT=built-in
+fi
+echo "expected CPU variant: $VARIANT"
+"$PY" - "$WORK/result.json" "$SHA" "$GPU_LAYERS" "$WORK/ping.json" "$VARIANT" <<'CHECK'
 import json, math, sys
 result = json.load(open(sys.argv[1]))["result"]
+ping = json.load(open(sys.argv[4]))
 assert result["option_ids"] == ["account_access", "billing", "sales"], result
 assert math.isclose(sum(result["probabilities"]), 1.0, abs_tol=1e-9), result
 assert result["model"]["sha256"] == sys.argv[2] and result["model"]["source"], result["model"]
 assert result["model"]["gpu_layers"] == int(sys.argv[3]), result["model"]
+assert result["model"]["cpu_variant"] == ping["cpu_variant"] == sys.argv[5], (result["model"], ping)
+assert result["model"]["cpu_features"] == ping["cpu_features"] and ping["cpu_features"], (result["model"], ping)
 print("probabilities:", dict(zip(result["option_ids"], (round(p, 4) for p in result["probabilities"]))))
 print("model:", result["model"]["file"], result["model"]["sha256"][:12], "from", result["model"]["source"])
+print("kernels:", ping["cpu_variant"], " ".join(ping["cpu_features"]))
 CHECK
 
 say "libraries: the server maps llama.cpp from the adapter's venv only"
@@ -135,6 +155,12 @@ echo "$MAPPED"
 [ -n "$MAPPED" ] || { echo "image-test: no llama.cpp library is mapped in the container" >&2; exit 1; }
 if echo "$MAPPED" | grep -v '^/opt/adapter/venv/'; then
     echo "image-test: llama.cpp libraries from outside the adapter's venv are loaded (above)" >&2; exit 1
+fi
+if [ "$FLAVOR" = cpu ]; then
+    CPU_LIBS=$(echo "$MAPPED" | grep '/libggml-cpu' || true)
+    if [ "$(echo "$CPU_LIBS" | sed 's#.*/##')" != "libggml-cpu-$VARIANT.so" ]; then
+        echo "image-test: the server maps CPU backends [$CPU_LIBS], not libggml-cpu-$VARIANT.so alone" >&2; exit 1
+    fi
 fi
 
 say "stop: SIGTERM, graceful exit"

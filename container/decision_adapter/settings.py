@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from pydantic import Field, ValidationError, model_validator
@@ -37,8 +38,24 @@ def setting(env: str, default: Any, description: str, **bounds: Any) -> Any:
     return Field(**factory, description=description, json_schema_extra={"env": env}, **bounds)
 
 
+def physical_cores(cpus: set[int] | None = None, sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
+    """Physical cores among the CPUs this process may use: the hyperthreads of one core (same package and core id
+    in sysfs) count once. A CPU whose topology cannot be read counts as a core of its own."""
+    if cpus is None:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        topology = sysfs / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
 def _default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return physical_cores()
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,20 @@ class Settings:
     model_id: str = setting("ADAPTER_MODEL_ID", "",
                             "Name the model is served under; defaults to the GGUF file name without .gguf.")
     threads: int = setting("ADAPTER_THREADS", _default_threads,
-                           "CPU threads for llama.cpp (default: the CPUs this process may use).", ge=1, le=512)
+                           "CPU threads for llama.cpp (default: one per physical core among the CPUs this process may "
+                           "use; hyperthreads of a core count once).", ge=1, le=512)
+    cpu_variant: str = setting("ADAPTER_CPU_VARIANT", "auto",
+                               "llama.cpp's CPU kernels: auto loads the best variant for the CPU the server starts on; "
+                               "a variant's name (x64, haswell, skylakex, icelake, zen4, sapphirerapids, ...) loads "
+                               "that one, the same answers bit for bit on every instance type that can run it.",
+                               pattern=r"^[a-z0-9_.]+$", max_length=64)
+    thread_wait: Literal["openmp", "passive", "active"] = setting(
+        "ADAPTER_THREAD_WAIT", "openmp", "How llama.cpp's OpenMP threads wait between operations: openmp leaves "
+        "OpenMP's default (spin a while, then sleep), passive sleeps at once (yields the cores to the server's own "
+        "threads), active spins; an OMP_WAIT_POLICY in the environment wins.")
+    http_nice: int = setting("ADAPTER_HTTP_NICE", 0,
+                             "Nice value of the threads that read, parse and tokenize request bodies (0 to 19): "
+                             "above 0 they yield the cores to llama.cpp's threads while a decode runs.", ge=0, le=19)
     gpu_layers: int = setting("ADAPTER_GPU_LAYERS", 0,
                               "Layers to offload to the GPU: 0 = CPU only, -1 = all. Needs a GPU build.",
                               ge=-1, le=100_000)
@@ -157,6 +187,11 @@ class Settings:
         """Seconds a multi-record request may take from its arrival: 90% of ADAPTER_BATCH_TIMEOUT_S, the rest
         left for reading the body and writing the answer before SageMaker's invocation timeout."""
         return 0.9 * self.batch_timeout_s
+
+    @property
+    def omp_wait_policy(self) -> str | None:
+        """OMP_WAIT_POLICY for llama.cpp's threads (ADAPTER_THREAD_WAIT), or None to leave OpenMP's default."""
+        return None if self.thread_wait == "openmp" else self.thread_wait
 
     @classmethod
     def fields(cls) -> dict[str, Any]:

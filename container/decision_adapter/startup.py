@@ -53,7 +53,8 @@ def engine_options(settings: Settings):
     return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
                          batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
                          flash_attention=settings.flash_attention == "on", kv_cache_type=settings.kv_cache_type,
-                         state_cache_bytes=settings.state_cache_mb << 20, layout=settings.layout)
+                         state_cache_bytes=settings.state_cache_mb << 20, layout=settings.layout,
+                         cpu_variant=settings.cpu_variant)
 
 
 def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *,
@@ -71,7 +72,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
     layout = prompt_layout(engine, STYLES[settings.prompt_style])
     calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
                                    permutations=settings.permutations) if calibrated else None
-    runtime = {**engine.versions, "architecture": engine.architecture, "threads": settings.threads,
+    runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture, "threads": settings.threads,
                "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
                "kv_cache_type": settings.kv_cache_type, "layout": settings.layout}
     scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)

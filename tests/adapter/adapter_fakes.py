@@ -30,6 +30,7 @@ class FakeEngine:
     max_piece_bytes = 12  # the longest control text
     architecture = "fake"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
+    kernel_info = {"cpu_variant": "fake", "cpu_features": []}
 
     def __init__(self, model_path: Path, *, on_score: Callable[[], None] | None = None,
                  logits: Callable[[int], list[float]] | None = None):

@@ -16,8 +16,9 @@ import requests
 
 
 @contextlib.contextmanager
-def live_server(model_dir: str, **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`serve` (gunicorn) on a free loopback port with the given settings, once /ping says ready.
+def live_server(model_dir: str, *, until: str = "ready", **env: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`serve` (gunicorn) on a free loopback port with the given settings, once /ping says ready (or, with
+    ``until="failed"``, once it says the start-up failed).
 
     Its output goes to a file (``process.read_log()``), not a pipe: one log line per request would fill
     a pipe nobody reads and stop the server."""
@@ -37,12 +38,14 @@ def live_server(model_dir: str, **env: str) -> Iterator[tuple[str, subprocess.Po
             if process.poll() is not None:
                 pytest.fail(f"serve exited with {process.returncode}: {process.read_log()}")
             try:
-                if requests.get(f"{base}/ping", timeout=2).status_code == 200:
+                ping = requests.get(f"{base}/ping", timeout=2)
+                if ping.status_code == 200 or ping.json().get("status") == until:
+                    assert ping.json().get("status") == until, ping.json()
                     break
             except requests.ConnectionError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail("serve did not become ready within 120 s")
+                pytest.fail(f"serve did not become {until} within 120 s")
             time.sleep(0.2)
         yield base, process
     finally:

@@ -18,7 +18,7 @@ from decision_adapter.engine.scheduler import Scheduler
 from decision_adapter.decisions.model import DecisionModel, Limits, Question
 from decision_adapter.protocols import decision_schema
 from decision_adapter.protocols.fields import RequestContext
-from decision_adapter.settings import Settings, SettingsError
+from decision_adapter.settings import Settings, SettingsError, physical_cores
 
 
 def test_settings_read_the_environment_once_with_types():
@@ -41,6 +41,34 @@ def test_settings_read_the_environment_once_with_types():
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Settings.from_env(env)
+
+
+def fake_sysfs(root, cores: dict[int, tuple[int, int]]):
+    """/sys/devices/system/cpu with ``cpu -> (package, core)``."""
+    for cpu, (package, core) in cores.items():
+        topology = root / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def test_the_default_threads_are_the_physical_cores_this_process_may_use(tmp_path):
+    # ml.c7i.2xlarge: 8 vCPUs, hyperthread pairs (0,4) (1,5) (2,6) (3,7) on 4 cores
+    c7i = fake_sysfs(tmp_path / "c7i", {cpu: (0, cpu % 4) for cpu in range(8)})
+    assert physical_cores(set(range(8)), c7i) == 4
+    assert physical_cores({0, 4}, c7i) == 1 and physical_cores({0, 1, 4}, c7i) == 2
+    two_sockets = fake_sysfs(tmp_path / "two", {0: (0, 0), 1: (1, 0), 2: (0, 0), 3: (1, 0)})
+    assert physical_cores({0, 1, 2, 3}, two_sockets) == 2  # core 0 of each package
+    assert physical_cores({0, 1, 9}, two_sockets) == 3  # cpu9 has no topology: a core of its own
+    assert Settings().threads == physical_cores()
+
+
+def test_cpu_kernel_settings():
+    assert Settings.from_env({"ADAPTER_CPU_VARIANT": "icelake"}).cpu_variant == "icelake"
+    assert Settings().cpu_variant == "auto"
+    with pytest.raises(SettingsError, match="ADAPTER_CPU_VARIANT='Ice Lake'"):
+        Settings.from_env({"ADAPTER_CPU_VARIANT": "Ice Lake"})
 
 
 def test_every_setting_is_described():

@@ -152,3 +152,19 @@ def test_both_images_run_serve_unprivileged(dockerfile):
     runtime = dockerfile.stages[-1]
     assert runtime.arguments("USER")[-1] == "10001"
     assert runtime.arguments("CMD") == ['["serve"]'] and runtime.arguments("ENTRYPOINT") == ["[]"]
+
+
+def makefile_variable(name: str) -> str:
+    text = (CONTAINER.parent / "Makefile").read_text().replace("\\\n", " ")
+    (value,) = re.findall(rf"^{name} := (.*)$", text, flags=re.M)
+    return " ".join(value.split())
+
+
+def test_the_cpu_image_compiles_llama_cpp_as_the_makefile_does():
+    """The image built from source and the wheel `make` builds (the one make image-test hands in) carry the same
+    kernels: every CPU variant, loaded at start-up (engine/backends.py)."""
+    cpu = parse(CONTAINER / "Dockerfile")
+    (flags,) = [args for args in cpu.stages[-1].arguments("ARG") if args.startswith("LLAMA_CMAKE_ARGS=")]
+    image_flags = flags.split("=", 1)[1].strip('"')
+    assert image_flags == makefile_variable("LLAMA_CMAKE_ARGS")
+    assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_NATIVE=OFF"} <= set(image_flags.split())

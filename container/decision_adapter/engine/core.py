@@ -23,6 +23,7 @@ from typing import Sequence
 
 import llama_cpp as llama
 
+from . import backends
 from .cache import PrefixCache, tokens_key
 from .errors import EngineError, GpuUnavailable, RestoreFailed
 from .executor import Executor, Outcome
@@ -81,6 +82,7 @@ class EngineOptions:
     state_cache_bytes: int = 1 << 30
     fork_by: str = "auto"  # "copy" (share memory cells), "snapshot" (save/restore state) or "auto"
     layout: str = "exact"  # "exact", or "fused": the state's last micro-batch and the first question as one decode
+    cpu_variant: str = "auto"  # llama.cpp's CPU kernels: the best for this CPU, or a variant's name (backends.py)
 
 
 class Engine:
@@ -96,8 +98,8 @@ class Engine:
         self._head: tuple[int, ...] = ()
         self._head_blob: Blob | None = None
         self.cache = PrefixCache(options.state_cache_bytes)
-        _init_backend()
-        check_gpu_layers(options.gpu_layers)
+        self.kernels = _init_backend(options.cpu_variant)
+        check_gpu_layers(options.gpu_layers, options.cpu_variant)
         try:
             self._load()
         except BaseException:
@@ -187,6 +189,11 @@ class Engine:
     def versions(self) -> dict[str, str]:
         return {"llama_cpp_python": llama.__version__,
                 "llama_cpp": VENDORED_LLAMA_CPP.get(llama.__version__, "unknown")}
+
+    @property
+    def kernel_info(self) -> dict[str, object]:
+        """The CPU kernels this engine runs: ``cpu_variant`` and ``cpu_features`` (``backends.Kernels``)."""
+        return self.kernels.info()
 
     # ---- vocabulary ----------------------------------------------------------------------------
 
@@ -412,11 +419,13 @@ _backend_lock = threading.Lock()
 _log_callback = None  # llama.cpp keeps the C pointer: the Python object must outlive every call
 
 
-def _init_backend() -> None:
+def _init_backend(cpu_variant: str = "auto") -> backends.Kernels:
+    """llama.cpp's log forwarded to ours, its CPU kernels loaded (``backends.load``), then its backend initialised;
+    once per process. Raises ``BackendUnavailable`` (an ``EngineError``) where the kernels cannot be loaded."""
     global _backend_ready, _log_callback
     with _backend_lock:
         if _backend_ready:
-            return
+            return backends.load(cpu_variant)
         llama_log = logging.getLogger("llama_cpp")
 
         def forward(level: int, text: bytes, _user_data) -> None:
@@ -426,18 +435,20 @@ def _init_backend() -> None:
 
         _log_callback = llama.llama_log_callback(forward)
         llama.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        llama.llama_backend_init()
+        kernels = backends.load(cpu_variant)  # before llama_backend_init, which would
+        llama.llama_backend_init()  # look for backends beside the Python executable and find none
         _backend_ready = True
+        return kernels
 
 
-def gpu_backend_available() -> bool:
-    _init_backend()
+def gpu_backend_available(cpu_variant: str = "auto") -> bool:
+    _init_backend(cpu_variant)
     return bool(llama.llama_supports_gpu_offload())
 
 
-def check_gpu_layers(gpu_layers: int) -> None:
+def check_gpu_layers(gpu_layers: int, cpu_variant: str = "auto") -> None:
     """Refuse GPU layers from a llama.cpp build without a GPU backend (at start-up, before loading anything)."""
-    if gpu_layers != 0 and not gpu_backend_available():
+    if gpu_layers != 0 and not gpu_backend_available(cpu_variant):
         raise GpuUnavailable(
             f"ADAPTER_GPU_LAYERS={gpu_layers} asks for GPU offload, but this llama-cpp-python build has no GPU "
             f"backend; set ADAPTER_GPU_LAYERS=0 or use the GPU image")

@@ -7,6 +7,11 @@ class EngineError(RuntimeError):
     """llama.cpp could not load or evaluate; the message says which step failed."""
 
 
+class BackendUnavailable(EngineError):
+    """llama.cpp's CPU kernels could not be loaded (missing, damaged, or not runnable on this CPU); the message
+    says which and why."""
+
+
 class GpuUnavailable(EngineError):
     """GPU layers were requested from a llama.cpp build without a GPU backend."""
 

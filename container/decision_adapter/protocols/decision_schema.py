@@ -243,6 +243,11 @@ class ModelInfo(Response):
     llama_cpp_python: str | None = None
     threads: int | None = None
     gpu_layers: int | None = None
+    cpu_variant: str | None = Field(None, description="llama.cpp's CPU kernels that answered: the variant loaded for "
+                                    "this CPU (x64, haswell, skylakex, icelake, zen4, sapphirerapids, ...) or "
+                                    "built-in.")
+    cpu_features: list[str] | None = Field(None, description="Instruction sets those kernels were compiled for, in "
+                                           "ggml's names (AVX2, AVX512, AVX512_VNNI, AVX512_BF16, AMX_INT8, ...).")
 
 
 class Calibration(Response):

@@ -9,6 +9,8 @@ is chosen (404, and 405 with its ``Allow`` header), in the shape of the blueprin
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import uuid
 from typing import Any
@@ -43,6 +45,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
     @app.before_request
     def start() -> None:
         arrived()
+        yield_to_the_model(settings.http_nice)
         g.request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         g.log = {}
 
@@ -62,6 +65,19 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
         return _owner(request.path).render_error(exc)
 
     return app
+
+
+_niced = threading.local()
+
+
+def yield_to_the_model(nice: int) -> None:
+    """Give the thread handling this request the nice value ``nice`` (ADAPTER_HTTP_NICE), once per thread: what it
+    does with a body (decompress, parse, validate, tokenize) then takes the cores only when llama.cpp's threads, at
+    nice 0, leave them (Linux: nice is per thread). An unprivileged thread cannot lower it again, so it is raised
+    only, and never on the thread that starts the scheduler (the model loader is its own thread)."""
+    if nice > 0 and getattr(_niced, "value", 0) < nice:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        _niced.value = nice
 
 
 def _owner(path: str):

@@ -24,6 +24,7 @@ from .state import current
 from .systemone import request_id_header
 
 blueprint = Blueprint("sagemaker", __name__)
+KERNEL_KEYS = ("cpu_variant", "cpu_features")
 
 
 def render_error(exc: Exception) -> Response:
@@ -41,9 +42,11 @@ def ping() -> Response:
     readiness = state.readiness
     if state.admission.draining:
         return json_response({"status": "draining", "detail": "the server is shutting down"}, 503)
-    return json_response({"status": readiness.state, "detail": readiness.reason,
-                          "admitted": state.admission.admitted, "capacity": state.admission.capacity},
-                         200 if readiness.state == "ready" else 503)
+    body = {"status": readiness.state, "detail": readiness.reason,
+            "admitted": state.admission.admitted, "capacity": state.admission.capacity}
+    if readiness.model is not None:  # the CPU kernels the model runs on (engine/backends.py)
+        body.update({key: readiness.model.model_info[key] for key in KERNEL_KEYS if key in readiness.model.model_info})
+    return json_response(body, 200 if readiness.state == "ready" else 503)
 
 
 @blueprint.get("/execution-parameters")

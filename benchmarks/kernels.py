@@ -1,0 +1,245 @@
+"""`python -m benchmarks.kernels`: prefill speed of llama.cpp's CPU kernels, build against build, same prompts.
+
+What is compared, on the same model, threads and token ids:
+- ``dispatched``: the adapter's own wheel (every CPU variant, the best loaded at start-up), once with ``auto`` and
+  once per variant forced with ADAPTER_CPU_VARIANT (the kernels each instance family would run);
+- ``avx2``: llama-cpp-python built with the adapter's former flags (``-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...``);
+- ``native``: built with ``-DGGML_NATIVE=ON`` for this very CPU, the upper bound here.
+The other builds are compiled once each (about 7 minutes on 2 cores) into the same wheel cache the Makefile uses,
+unpacked beside it, and run from a child process that puts them first on ``sys.path``.
+
+Each measurement is a child process that loads the model with the adapter's engine and times ``Engine.prefill``
+(one ``llama_decode`` per micro-batch from empty memory, no readout) of the same token ids: one warm-up, then
+``--repeats``. Rounds interleave the configurations (A, B, C, A, B, C, ...) so that drift on a shared machine hits
+all alike; the table gives the median over rounds of each round's median, and the spread over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path.home() / ".cache" / "decision-adapter"
+# Flag sets as the Makefile spells them (same string, same cache folder): the former adapter flags, and native.
+BUILDS = {
+    "avx2": "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON",
+    "native": "-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON",
+}
+# x64 (SSE only, no SIMD dot products for k-quants) takes minutes per prompt here: name it with --variants to see.
+VARIANTS = ("auto", "haswell", "skylakex", "icelake")
+
+
+def llama_cpp_version() -> str:
+    for line in (REPO / "container" / "requirements.txt").read_text().splitlines():
+        if line.startswith("llama-cpp-python=="):
+            return line.split("==", 1)[1].strip()
+    raise RuntimeError("container/requirements.txt pins no llama-cpp-python")
+
+
+def build(flags: str) -> Path:
+    """A folder holding llama-cpp-python's ``llama_cpp`` package compiled with ``flags``: the wheel is built once
+    into the Makefile's wheel cache (``LLAMA_WHEEL_CACHE`` naming) and unpacked once beside it."""
+    version = llama_cpp_version()
+    wheels = CACHE / "wheels" / f"llama-cpp-python-{version}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+    if not (wheels / ".complete").exists():
+        print(f"building llama-cpp-python {version} with {flags} into {wheels} (about 7 minutes)...", flush=True)
+        partial = wheels.with_name(wheels.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps",
+                        "--no-cache-dir", "-w", str(partial), f"llama-cpp-python=={version}"],
+                       env={**os.environ, "CMAKE_ARGS": flags}, check=True, stdout=subprocess.DEVNULL)
+        shutil.rmtree(wheels, ignore_errors=True)
+        partial.rename(wheels)
+        (wheels / ".complete").touch()
+    unpacked = wheels / "site"
+    if not (unpacked / ".complete").exists():
+        shutil.rmtree(unpacked, ignore_errors=True)
+        [wheel] = wheels.glob("llama_cpp_python-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.infolist():
+                if member.filename.startswith("llama_cpp/"):
+                    archive.extract(member, unpacked)
+        for library in (unpacked / "llama_cpp" / "lib").iterdir():
+            library.chmod(0o755)
+        (unpacked / ".complete").touch()
+    return unpacked
+
+
+def prompt_tokens(engine, count: int) -> list[int]:
+    """The first ``count`` tokens of a support-ticket-like text: the same ids for every build."""
+    from .prefill import state_text
+
+    tokens = engine.tokenize(state_text(count * 2))
+    if len(tokens) < count:
+        raise RuntimeError(f"the text has only {len(tokens)} tokens")
+    return tokens[:count]
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One configuration in this process: load, warm up, time; print one JSON line."""
+    import llama_cpp
+
+    from decision_adapter.decisions.model_files import find_gguf
+    from decision_adapter.engine.core import Engine
+    from decision_adapter.settings import Settings
+    from decision_adapter.startup import engine_options
+
+    settings = Settings(model_dir=args.model_dir, threads=args.threads, cpu_variant=args.variant, state_cache_mb=0)
+    rows = []
+    with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as engine:
+        for count in args.tokens:
+            tokens = prompt_tokens(engine, count)
+            engine.prefill(tokens)  # warm-up: first-use allocations
+            seconds, cpu_seconds = [], []
+            for _ in range(args.repeats):
+                before = resource.getrusage(resource.RUSAGE_SELF)
+                seconds.append(engine.prefill(tokens)[0])
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                cpu_seconds.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            rows.append({"tokens": count, "seconds": seconds, "cpu_seconds": cpu_seconds})
+        kernels = engine.kernels
+    print(json.dumps({"library": str(Path(llama_cpp.__file__).parent), "variant": kernels.variant,
+                      "features": list(kernels.features), "cpu": kernels.cpu, "rows": rows}))
+    return 0
+
+
+def measure(config: dict, args: argparse.Namespace) -> dict:
+    from decision_adapter.settings import Settings
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [config.get("path"), str(REPO),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    # OpenMP reads its wait policy when llama.cpp's libraries load: the child gets it in its environment, as serve
+    # sets it (server/serve.py apply_thread_wait).
+    wait = args.thread_wait or Settings().omp_wait_policy or "openmp"
+    env.pop("OMP_WAIT_POLICY", None)
+    if wait != "openmp":
+        env["OMP_WAIT_POLICY"] = wait
+    command = [sys.executable, "-m", "benchmarks.kernels", "--worker", "--variant", config["variant"],
+               "--model-dir", args.model_dir, "--threads", str(args.threads), "--repeats", str(args.repeats),
+               "--tokens", *map(str, args.tokens)]
+    load = os.getloadavg()[0]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO)
+    if done.returncode != 0:
+        raise RuntimeError(f"{config['name']} failed:\n{done.stderr[-3000:]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "load_before": load}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernels", description=__doc__)
+    parser.add_argument("--model-dir", help="GGUF folder (default: the benchmark model, make bench-model)")
+    parser.add_argument("--tokens", type=int, nargs="+", default=[110, 500],
+                        help="prompt lengths; 110 is a decision's size on the benchmark model")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--thread-wait", choices=["openmp", "passive", "active"],
+                        help="ADAPTER_THREAD_WAIT, as OMP_WAIT_POLICY, for every configuration (default: the "
+                             "adapter's)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="timed prefills per prompt in each round")
+    parser.add_argument("--builds", nargs="+", choices=["dispatched", *BUILDS], default=["dispatched", *BUILDS])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        help="CPU variants of the dispatched build to force (auto: the one it picks)")
+    parser.add_argument("--out", type=Path, help="write kernels.json and kernels.md here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="auto", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # subprocess.run then kills the child measuring
+    if args.model_dir is None:
+        from .bench_model import ensure
+
+        args.model_dir = str(ensure())
+    if args.worker:
+        return worker(args)
+
+    configs = []
+    if "dispatched" in args.builds:
+        configs += [{"name": f"dispatched {v}", "build": "dispatched", "variant": v} for v in args.variants]
+    configs += [{"name": b, "build": b, "variant": "auto", "path": str(build(BUILDS[b]))}
+                for b in args.builds if b in BUILDS]
+    runs: dict[str, list[dict]] = {c["name"]: [] for c in configs}
+    for round_number in range(1, args.rounds + 1):
+        for config in configs:
+            result = measure(config, args)
+            runs[config["name"]].append(result)
+            speeds = ", ".join(f"{r['tokens']} tokens {r['tokens'] / statistics.median(r['seconds']):.0f}/s"
+                               for r in result["rows"])
+            print(f"round {round_number} {config['name']:20s} ({result['variant']}): {speeds}", flush=True)
+
+    rows = summarise(configs, runs, args.tokens)
+    command = "python -m benchmarks.kernels " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = markdown(rows, args, command.strip(), cpu=runs[configs[0]["name"]][0]["cpu"])
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        from decision_adapter.settings import Settings
+
+        record = {"command": command.strip(), "machine": platform.processor() or platform.machine(),
+                  "thread_wait": args.thread_wait or Settings().omp_wait_policy or "openmp",
+                  "cpu": runs[configs[0]["name"]][0]["cpu"], "threads": args.threads, "rounds": args.rounds,
+                  "repeats": args.repeats, "model_dir": args.model_dir, "rows": rows,
+                  "runs": {name: [{k: v for k, v in r.items() if k != "library"} for r in results]
+                           for name, results in runs.items()}}
+        (args.out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")
+        (args.out / "kernels.md").write_text(table)
+    return 0
+
+
+def summarise(configs: list[dict], runs: dict[str, list[dict]], counts: list[int]) -> list[dict]:
+    """Per configuration and prompt length: tokens/s (median over rounds of each round's median), its spread
+    over rounds, and the ratio to native's (or to the first configuration's when native was not run)."""
+    rows = []
+    for config in configs:
+        results = runs[config["name"]]
+        for count in counts:
+            mine = [next(r for r in result["rows"] if r["tokens"] == count) for result in results]
+            per_round = [count / statistics.median(r["seconds"]) for r in mine]
+            per_cpu_second = [count / statistics.median(r["cpu_seconds"]) for r in mine]
+            rows.append({"config": config["name"], "build": config["build"], "variant": results[0]["variant"],
+                         "features": results[0]["features"], "tokens": count,
+                         "tokens_per_s": statistics.median(per_round), "min": min(per_round), "max": max(per_round),
+                         "tokens_per_cpu_s": statistics.median(per_cpu_second)})
+    reference = "native" if "native" in runs else configs[0]["name"]
+    for row in rows:
+        base = next(r for r in rows if r["config"] == reference and r["tokens"] == row["tokens"])
+        row["vs_" + reference.replace(" ", "_")] = row["tokens_per_s"] / base["tokens_per_s"]
+    return rows
+
+
+def markdown(rows: list[dict], args: argparse.Namespace, command: str, cpu: str) -> str:
+    reference = next(k for k in rows[0] if k.startswith("vs_"))[3:].replace("_", " ")
+    counts = sorted({r["tokens"] for r in rows})
+    lines = [f"Prefill tokens/s by CPU kernels ({cpu}, {args.threads} threads, model {Path(args.model_dir).name}): "
+             f"median over {args.rounds} interleaved rounds of the median of {args.repeats} prefills, "
+             f"[lowest-highest round], and against {reference}. Reproduce: `{command}`", "",
+             "| build | variant loaded | " + " | ".join(f"{n} tokens" for n in counts) + " |",
+             "|---|---|" + "---:|" * len(counts)]
+    key = "vs_" + reference.replace(" ", "_")
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = {r["tokens"]: r for r in rows if r["config"] == config}
+        first = mine[counts[0]]
+        cells = [f"{mine[n]['tokens_per_s']:.0f} [{mine[n]['min']:.0f}-{mine[n]['max']:.0f}] "
+                 f"({mine[n][key]:.2f}x)" for n in counts]
+        isa = ", ".join(f for f in first["features"] if f.startswith(("AVX", "AMX")))
+        lines.append(f"| {config} | {first['variant']} ({isa}) | " + " | ".join(cells) + " |")
+    lines += ["", "Tokens per CPU-second (the CPU time of all the process's threads, median over rounds): less moved "
+              "by other load on a shared machine than wall time, but spin-waiting threads count too.", "",
+              "| build | " + " | ".join(f"{n} tokens" for n in counts) + " |", "|---|" + "---:|" * len(counts)]
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = {r["tokens"]: r for r in rows if r["config"] == config}
+        lines.append(f"| {config} | " + " | ".join(f"{mine[n]['tokens_per_cpu_s']:.0f}" for n in counts) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
