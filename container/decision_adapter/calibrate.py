@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .decisions.calibration import FILE_NAME, Calibration, Row, fit, nll, out_of_fold
+from .decisions.debias import MODES
 from .errors import InputError
 from .protocols import systemone
 from .protocols.fields import RequestContext
@@ -36,14 +37,15 @@ def read_rows(paths: list[Path]) -> Iterator[dict[str, Any]]:
                     yield row
 
 
-def score_row(model, row: dict[str, Any], permutations: int) -> Row:
-    """The model's raw option logits for one row, in the order of its ``labels``."""
+def score_row(model, row: dict[str, Any], permutations: int, debias: str = "off") -> Row:
+    """The model's option logits for one row as the temperature will see them (averaged over ``permutations``
+    orderings, debiased with ``debias``, uncalibrated), in the order of its ``labels``."""
     body = {"model": systemone.ALIAS, "state": row["state"], "questions": {"q": row["question"]}}
     _, _, [item] = systemone.parse(body, RequestContext.of(model, max_decisions=1))
-    question = replace(item.question, permutations=permutations)
+    question = replace(item.question, permutations=permutations, debias=debias)
     [scored] = model.score(model.prepare([question])).results
     names = {"true": "yes", "false": "no"} if item.type == "noul" else {}
-    by_label = {names.get(name, name): logit for name, logit in zip(item.names, scored.option_logits)}
+    by_label = {names.get(name, name): logit for name, logit in zip(item.names, scored.adjusted_logits)}
     labels = [str(label) for label in row["labels"]]
     return Row(item.type, tuple(by_label[label] for label in labels), labels.index(str(row["expected"])),
                str(row.get("group") or row["id"]))
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=5, help="group-disjoint folds of the cross-validation")
     parser.add_argument("--permutations", type=int, default=None,
                         help="orderings averaged per decision (default ADAPTER_PERMUTATIONS)")
+    parser.add_argument("--debias", choices=list(MODES), default=None,
+                        help="content-free calibration of the answers fitted on (default ADAPTER_DEBIAS)")
     args = parser.parse_args(argv)
 
     from .startup import load_decision_model
@@ -68,11 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibrate: {exc}", file=sys.stderr)
         return 2
     permutations = args.permutations or settings.permutations
+    debias = args.debias or settings.debias
     model = load_decision_model(settings, calibrated=False)
     rows, skipped = [], []
     for row in read_rows(args.rows):
         try:
-            rows.append(score_row(model, row, permutations))
+            rows.append(score_row(model, row, permutations, debias))
         except (InputError, KeyError, ValueError) as exc:
             skipped.append(f"{row.get('id')}: {exc}")
     model.close()
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         by_type[kind] = {"rows": len(mine), "temperature": temperatures[kind],
                          "nll_before": before, "nll_after_out_of_fold": after}
     calibration = Calibration(gguf_sha256=model.identity.sha256, prompt_version=model.prompt_version,
-                              temperatures=temperatures, permutations=permutations,
+                              temperatures=temperatures, permutations=permutations, debias=debias,
                               fitted={"rows": len(rows), "skipped": len(skipped), "folds": args.folds,
                                       "by_type": by_type, "sources": [str(p) for p in args.rows]})
     out = args.out or Path(args.model_dir) / FILE_NAME

@@ -20,12 +20,14 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
+from .decisions.debias import DEFAULT_MODE, MODES
 from .decisions.prompt import DEFAULT_STYLE, STYLES
 
 MIB = 1024 * 1024
 # Cells a prompt's label paths may need beyond the prompt itself: 26 first letters of two-token labels.
 LABEL_PATH_CELLS = 26
 PromptStyleName = Literal[tuple(STYLES)]  # type: ignore[valid-type]
+DebiasModeName = Literal[tuple(MODES)]  # type: ignore[valid-type]
 
 
 class SettingsError(ValueError):
@@ -120,6 +122,10 @@ class Settings:
                                 "Orderings of the options each decision is scored in and averaged over, unless the "
                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
                                 "make the answer independent of it.", ge=1, le=16)
+    debias: DebiasModeName = setting(
+        "ADAPTER_DEBIAS", DEFAULT_MODE, "Content-free calibration of each decision unless the request says (debias, "
+        "x_debias): off, or the model's prior for the question and options, scored with the state replaced by "
+        "content-free input, divided out of the answer (decisions/debias.py). A calibration is bound to one mode.")
     state_cache_mb: int = setting("ADAPTER_STATE_CACHE_MB", 1024,
                                   "Host memory for states and answers kept across requests (least recently used "
                                   "first out); 0 turns the cache off.", ge=0, le=1_048_576)

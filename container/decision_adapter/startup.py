@@ -71,7 +71,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         engine = Engine(str(gguf), engine_options(settings))
     layout = prompt_layout(engine, STYLES[settings.prompt_style])
     calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
-                                   permutations=settings.permutations) if calibrated else None
+                                   permutations=settings.permutations, debias=settings.debias) if calibrated else None
     runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture, "threads": settings.threads,
                "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
                "kv_cache_type": settings.kv_cache_type, "layout": settings.layout}
@@ -80,7 +80,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                               served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
-                              default_permutations=settings.permutations)
+                              default_permutations=settings.permutations, default_debias=settings.debias)
         model.probe()
     except BaseException:
         scheduler.stop()

@@ -44,6 +44,7 @@ class Calibration:
     temperatures: Mapping[str, float]
     permutations: int = 1
     fitted: Mapping[str, Any] = field(default_factory=dict)  # rows, folds, out-of-fold metrics
+    debias: str = "off"  # the debias mode of the answers it was fitted on (decisions.debias.MODES)
 
     def temperature(self, kind: str | None) -> float:
         return float(self.temperatures.get(kind or DEFAULT_TYPE, 1.0))
@@ -61,9 +62,11 @@ class Calibration:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
 
 
-def load(folder: Path, *, gguf_sha256: str, prompt_version: str, permutations: int | None = None) -> Calibration | None:
+def load(folder: Path, *, gguf_sha256: str, prompt_version: str, permutations: int | None = None,
+         debias: str | None = None) -> Calibration | None:
     """The folder's calibration, or None without one; refuses one fitted for another model or prompt, or (when
-    ``permutations`` is given: the server's default) for another number of orderings."""
+    ``permutations`` and ``debias`` are given: the server's defaults) for another number of orderings or another
+    debias mode: a temperature fitted on other logits means nothing for these."""
     path = Path(folder) / FILE_NAME
     if not path.exists():
         return None
@@ -71,7 +74,8 @@ def load(folder: Path, *, gguf_sha256: str, prompt_version: str, permutations: i
         data = json.loads(path.read_text(encoding="utf-8"))
         calibration = Calibration(gguf_sha256=str(data["gguf_sha256"]), prompt_version=str(data["prompt_version"]),
                                   temperatures={k: float(v) for k, v in data["temperatures"].items()},
-                                  permutations=int(data.get("permutations", 1)), fitted=data.get("fitted", {}))
+                                  permutations=int(data.get("permutations", 1)), fitted=data.get("fitted", {}),
+                                  debias=str(data.get("debias", "off")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CalibrationError(f"{path} is not a calibration file: {exc}") from None
     if calibration.gguf_sha256 != gguf_sha256:
@@ -84,6 +88,10 @@ def load(folder: Path, *, gguf_sha256: str, prompt_version: str, permutations: i
         raise CalibrationError(f"{FILE_NAME} was fitted on answers averaged over {calibration.permutations} "
                                f"orderings; ADAPTER_PERMUTATIONS is {permutations}: fit it again with "
                                f"--permutations {permutations}, or set ADAPTER_PERMUTATIONS={calibration.permutations}")
+    if debias is not None and calibration.debias != debias:
+        raise CalibrationError(f"{FILE_NAME} was fitted on answers debiased with {calibration.debias!r}; "
+                               f"ADAPTER_DEBIAS is {debias!r}: fit it again with --debias {debias}, or set "
+                               f"ADAPTER_DEBIAS={calibration.debias}")
     bad = {k: t for k, t in calibration.temperatures.items() if k not in QUESTION_TYPES or not 0 < t < math.inf}
     if bad:
         raise CalibrationError(f"{FILE_NAME} has invalid temperatures {bad} (types: {', '.join(QUESTION_TYPES)})")

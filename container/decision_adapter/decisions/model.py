@@ -21,6 +21,7 @@ from ..engine.plan import JobSpec, Plan
 from ..engine.readout import LabelTrie, PromptScore, ScoreStats, log_sum_exp, softmax
 from ..errors import InputError, Loc
 from .calibration import Calibration
+from .debias import MODES, DebiasMode, aligned_mean
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .model_files import ModelIdentity
 from .prompt import DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, state_segment
@@ -88,9 +89,12 @@ class ScoringEngine(Protocol):
 class JobScheduler(Protocol):
     """What the decision model needs of a scheduler: submit a job with a deadline, wait for its result."""
 
-    def submit(self, spec: JobSpec, plan: Plan, *, deadline: float | None = None, by_tokens: bool = True) -> Any: ...
+    def submit_all(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
+                   by_tokens: bool = True) -> list[Any]: ...
 
     def result(self, ticket: Any) -> tuple[list[PromptScore], ScoreStats]: ...
+
+    def cancel(self, ticket: Any) -> None: ...
 
     def stop(self, timeout_s: float = 30.0) -> None: ...
 
@@ -109,6 +113,19 @@ class Question:
     option_keys: tuple[str, ...] = ()  # what orders the options canonically: ids or names (default: the texts)
     permutations: int | None = None  # orderings averaged: 1 is the request's order; None: the server's default
     kind: str | None = None  # noul, choice or score (System One); the calibration is per kind
+    debias: str | None = None  # a name in debias.MODES; None: the server's default (ADAPTER_DEBIAS)
+    show_prior: bool = False  # the answer reports the prior's own distribution
+
+
+@dataclass(frozen=True)
+class PriorJob:
+    """The prompts of one content-free state for every question of a request whose debias mode averages it: each
+    is the request's prompt (question, options, ordering, labels) with the state replaced; and their job."""
+
+    state: str
+    prompts: tuple[int, ...]  # for each of its prompts, the index of the request's prompt it stands for
+    spec: JobSpec
+    plan: Plan
 
 
 @dataclass(frozen=True)
@@ -126,6 +143,7 @@ class Prepared:
     digests: tuple[str, ...]  # for each question, the SHA-256 of its rendered prompts (NUL between orderings)
     spec: JobSpec
     plan: Plan
+    priors: tuple[PriorJob, ...] = ()  # the content-free priors' jobs, one per content-free state
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,11 @@ class Scored:
     label_mass: float  # full-vocabulary probability the labels' first tokens hold at the answer position
     top_token_is_label: bool
     calibration: dict[str, Any] | None = None  # the calibration applied to the probabilities, if any
+    # What the softmax (and the temperature) apply to: option_logits, minus the prior's log-probabilities when
+    # debiased. What a calibration is fitted on.
+    adjusted_logits: tuple[float, ...] = ()
+    debias: dict[str, Any] | None = None  # the debiasing applied ({"mode", "states"}), if any
+    prior: tuple[float, ...] | None = None  # the prior's own distribution over the options, when debiased
 
 
 @dataclass(frozen=True)
@@ -153,6 +176,17 @@ class Answered:
     results: list[Scored]
     stats: ScoreStats
     queue_s: float
+    prior_stats: tuple[ScoreStats, ...] = ()  # the prior jobs' (none answered from the cache: zero tokens)
+    jobs: int = 0  # jobs this request queued in the scheduler (0: answered from the cache)
+
+    @property
+    def prior_tokens(self) -> int:
+        """Tokens decoded for the priors: 0 when the cache held them."""
+        return sum(s.shared_tokens + sum(s.own_tokens) + s.readout_tokens for s in self.prior_stats)
+
+    @property
+    def prior_s(self) -> float:
+        return math.fsum(s.prefill_s + s.readout_s for s in self.prior_stats)
 
 
 def prompt_layout(engine: ScoringEngine, style: PromptStyle) -> PromptLayout:
@@ -168,7 +202,8 @@ def prompt_layout(engine: ScoringEngine, style: PromptStyle) -> PromptLayout:
 class DecisionModel:
     def __init__(self, engine: ScoringEngine, scheduler: JobScheduler, identity: ModelIdentity, limits: Limits,
                  runtime: dict[str, Any], *, served_id: str = "", layout: PromptLayout | None = None,
-                 calibration: Calibration | None = None, default_permutations: int = 1):
+                 calibration: Calibration | None = None, default_permutations: int = 1,
+                 default_debias: str = "off"):
         self.engine = engine
         self.scheduler = scheduler
         self.served_id = served_id or identity.file.removesuffix(".gguf")
@@ -176,6 +211,7 @@ class DecisionModel:
         self.limits = limits
         self.calibration = calibration  # a calibration.json fitted for this GGUF, prompt and orderings, if any
         self.default_permutations = default_permutations  # ADAPTER_PERMUTATIONS
+        self.default_debias = MODES[default_debias]  # ADAPTER_DEBIAS
         self.layout = layout or prompt_layout(engine, STYLES["plain"])
         self.prompt_version = self.layout.version
         # Every prompt is head + state + question + tail; the head and the tail are the template's own text, so
@@ -291,12 +327,44 @@ class DecisionModel:
             digests.append(digest.hexdigest())
         span = (len(head), len(head) + len(state))
         spec = self.engine.job_spec(tokens, tries, span)
+        plan = self._plan(where, spec)
+        priors = []
+        # The priors: each content-free state once, with the own tokens (question, options, ordering, tail) of every
+        # prompt whose question's mode averages it. Counted in the request's budget as if none were cached, so that
+        # what is refused never depends on the cache.
+        states: dict[str, list[int]] = {}
+        for k, owner in enumerate(owners):
+            for text in self.debias_mode(questions[owner]).states:
+                states.setdefault(text, []).append(k)
+        for text, members in states.items():
+            free = tuple(self.engine.tokenize(state_segment(text)))
+            request_tokens += len(free)
+            prior_tokens = []
+            for k in members:
+                own = tokens[k][span[1]:]
+                if len(head) + len(free) + len(own) > ceiling:
+                    raise InputError(questions[owners[k]].loc, f"renders to a prior prompt of "
+                                     f"{len(head) + len(free) + len(own)} tokens, over the limit of {ceiling}",
+                                     kind="value_error.prompt_too_long")
+                request_tokens += len(own) + sum(len(path) for path in tries[k].inner_nodes)
+                if request_tokens > self.limits.max_request_tokens:
+                    raise self._over_request(where, request_tokens)
+                prior_tokens.append(head + free + own)
+            prior_spec = self.engine.job_spec(prior_tokens, [tries[k] for k in members],
+                                              (len(head), len(head) + len(free)))
+            priors.append(PriorJob(text, tuple(members), prior_spec, self._plan(where, prior_spec)))
+        return Prepared(tuple(questions), tuple(tokens), request_tokens, span, tuple(tries), tuple(orders),
+                        tuple(owners), tuple(digests), spec, plan, tuple(priors))
+
+    def debias_mode(self, question: Question) -> DebiasMode:
+        """The question's debias mode: its own, or the server's default."""
+        return MODES[question.debias] if question.debias is not None else self.default_debias
+
+    def _plan(self, where: Loc, spec: JobSpec) -> Plan:
         try:
-            plan = self.engine.plan(spec)
+            return self.engine.plan(spec)
         except PlanError as exc:
             raise InputError(where, str(exc), kind="value_error.request_too_large") from None
-        return Prepared(tuple(questions), tuple(tokens), request_tokens, span, tuple(tries), tuple(orders),
-                        tuple(owners), tuple(digests), spec, plan)
 
     def _bound(self, loc: Loc, text: str, room: int) -> None:
         """Refuse ``text`` without tokenizing it when its bytes alone prove it longer than ``room`` tokens (no
@@ -315,18 +383,35 @@ class DecisionModel:
         """Score through the scheduler before ``deadline`` (``time.monotonic()``; None: none). A request whose
         every answer is cached is answered at once, without queueing. Raises the scheduler's Busy (the queue is
         full, or the work cannot be done before the deadline), DeadlineExceeded or ScoringFailed.
-        ``by_tokens=False``: no admission by the token budget (a record of a batch admitted as a whole)."""
-        cached = self.engine.answer_from_cache(prepared.spec)
-        if cached is not None:
-            scores, stats = cached
-            return Answered(self._results(prepared, scores), stats, 0.0)
-        ticket = self.scheduler.submit(prepared.spec, prepared.plan, deadline=deadline, by_tokens=by_tokens)
-        scores, stats = self.scheduler.result(ticket)
-        return Answered(self._results(prepared, scores), stats, ticket.queue_s)
+        ``by_tokens=False``: no admission by the token budget (a record of a batch admitted as a whole).
+        A request's jobs are its answer's and, for debiased questions, one per content-free state of the prior;
+        each job the cache answers whole (a warm prior, an identical repeat) costs nothing, the others are queued
+        together and admitted as one."""
+        jobs = [(prepared.spec, prepared.plan), *((p.spec, p.plan) for p in prepared.priors)]
+        done = [self.engine.answer_from_cache(spec) for spec, _ in jobs]
+        missing = [i for i, d in enumerate(done) if d is None]
+        queue_s = 0.0
+        if missing:
+            tickets = self.scheduler.submit_all([jobs[i] for i in missing], deadline=deadline, by_tokens=by_tokens)
+            try:
+                for i, ticket in zip(missing, tickets):
+                    done[i] = self.scheduler.result(ticket)
+            except BaseException:
+                for ticket in tickets:
+                    self.scheduler.cancel(ticket)
+                raise
+            queue_s = tickets[0].queue_s
+        (scores, stats), *priors = done
+        return Answered(self._results(prepared, scores, [p[0] for p in priors]), stats, queue_s,
+                        tuple(p[1] for p in priors), len(missing))
 
-    def _results(self, prepared: Prepared, scores: Sequence[PromptScore]) -> list[Scored]:
+    def _results(self, prepared: Prepared, scores: Sequence[PromptScore],
+                 prior_scores: Sequence[Sequence[PromptScore]] = ()) -> list[Scored]:
         """One result per question, in the request's option order: a question scored in several orderings has
-        each ordering's label log-probabilities aligned back to its options and averaged, then the softmax."""
+        each ordering's label log-probabilities aligned back to its options and averaged; a debiased question then
+        has its prior's log-probabilities (the same, over its content-free states) subtracted; then the
+        temperature, if calibrated, and the softmax (the order and why: ``debias``)."""
+        by_state = {p.state: (p, found) for p, found in zip(prepared.priors, prior_scores)}
         results = []
         for i in range(len(prepared.questions)):
             mine = [k for k, owner in enumerate(prepared.owners) if owner == i]
@@ -342,22 +427,45 @@ class DecisionModel:
             kind = question.kind
             readout = (READOUT_SINGLE if single else READOUT_CHAIN) + (
                 f"; averaged in log space over {len(mine)} orderings of the options" if len(mine) > 1 else "")
-            # A temperature fitted on answers averaged over K orderings means nothing for another K.
+            mode = self.debias_mode(question)
+            adjusted, prior = logits, None
+            if mode.active:
+                rows = []
+                for text in mode.states:
+                    job, found = by_state[text]
+                    for j, k in enumerate(job.prompts):
+                        if prepared.owners[k] == i:
+                            rows.append((found[j].first_token_logits if single else found[j].label_logprobs,
+                                         prepared.orders[k]))
+                prior_logprobs = aligned_mean(rows, n)
+                adjusted = tuple(a - b for a, b in zip(logits, prior_logprobs))
+                prior = tuple(softmax(prior_logprobs))
+                readout += (f"; debiased ({mode.name}): the prior, scored the same way with the state replaced by "
+                            f"{len(mode.states)} content-free state{'s' if len(mode.states) > 1 else ''} and "
+                            f"averaged in log space, subtracted")
+            # A temperature fitted on answers averaged over K orderings, or debiased otherwise, means nothing here.
             calibration = self.calibration
             asked = question.permutations or self.default_permutations
             if calibration is not None and calibration.permutations != asked:
                 readout += (f"; not calibrated: calibration.json was fitted with {calibration.permutations} "
                             f"orderings, this question asked for {asked}")
                 calibration = None
+            elif calibration is not None and calibration.debias != mode.name:
+                readout += (f"; not calibrated: calibration.json was fitted with debias {calibration.debias!r}, "
+                            f"this question asked for {mode.name!r}")
+                calibration = None
             results.append(Scored(
-                probabilities=tuple(calibration.probabilities(logits, kind) if calibration else softmax(logits)),
+                probabilities=tuple(calibration.probabilities(adjusted, kind) if calibration else softmax(adjusted)),
                 option_logits=logits,
                 prompt_sha256=prepared.digests[i],
                 input_tokens=sum(len(prepared.tokens[k]) for k in mine),
                 readout=readout,
                 label_mass=math.fsum(scores[k].label_mass for k in mine) / len(mine),
                 top_token_is_label=all(scores[k].top_token_is_label for k in mine),
-                calibration=calibration.describe(kind) if calibration else None))
+                calibration=calibration.describe(kind) if calibration else None,
+                adjusted_logits=adjusted,
+                debias=mode.describe() if mode.active else None,
+                prior=prior))
         return results
 
     def probe(self) -> Scored:
@@ -366,7 +474,7 @@ class DecisionModel:
         size that matters for admission (the first decision alone is mostly fixed costs)."""
         question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
                             tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
-                            ("probe", "question"))
+                            ("probe", "question"), debias="off")  # the answer's own cost, without a prior's
         prepared = self.prepare([question])
         [result] = self.score(prepared).results
         room = min(512, self.prompt_ceiling // 2, self.limits.max_request_tokens // 2)

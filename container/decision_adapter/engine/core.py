@@ -280,6 +280,14 @@ class Engine:
                            own_tokens=(0,) * len(spec.prompts), readout_tokens=0, prefill_s=0.0, readout_s=0.0)
         return scores, stats
 
+    def forget(self, spec: JobSpec, *, answers: bool = True, state: bool = True) -> None:
+        """Drop what the cache holds for ``spec``: its prompts' answers and/or its state, leaving everything else
+        (the benchmarks time a request on a warm state, or a warm prior, this way)."""
+        for key in self._answer_keys(spec) if answers else ():
+            self.cache.discard(key)
+        if state and spec.state_key is not None:
+            self.cache.discard(spec.state_key)
+
     def _answer_keys(self, spec: JobSpec) -> tuple[bytes, ...]:
         return tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
 

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .errors import Busy, DeadlineExceeded, DecodeAborted, ScoringFailed, TooSlow
 from .plan import JobSpec, Plan
@@ -97,24 +97,33 @@ class Scheduler:
         """Queue a job with its ``deadline`` (``time.monotonic()``; None: none); raises Busy. ``by_tokens=False``
         skips the token budget (a record of a batch: the batch was admitted as a whole); admission by time holds
         for every job with a deadline."""
-        ticket = Ticket(spec, plan, math.inf if deadline is None else deadline, plan.tokens)
+        [ticket] = self.submit_all([(spec, plan)], deadline=deadline, by_tokens=by_tokens)
+        return ticket
+
+    def submit_all(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
+                   by_tokens: bool = True) -> list[Ticket]:
+        """Queue the jobs of one request (its answer and its priors) one after another, admitted as one: all of
+        them or none (Busy); the tickets in the order given."""
+        end = math.inf if deadline is None else deadline
+        tickets = [Ticket(spec, plan, end, plan.tokens) for spec, plan in jobs]
         with self._ready:
             if self._stopping:
                 raise Busy("the server is shutting down")
-            self._admit(ticket, by_tokens)
-            self._queued_tokens += ticket.tokens
-            self._queue.append(ticket)
+            self._admit(sum(t.tokens for t in tickets), end, by_tokens)
+            for ticket in tickets:
+                self._queued_tokens += ticket.tokens
+                self._queue.append(ticket)
             self._ready.notify()
-        return ticket
+        return tickets
 
-    def _admit(self, ticket: Ticket, by_tokens: bool) -> None:
-        queued, tokens = self._queued_tokens, ticket.tokens
+    def _admit(self, tokens: int, deadline: float, by_tokens: bool) -> None:
+        queued = self._queued_tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
             raise Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
         speed = self.tokens_per_s
-        if speed and not math.isinf(ticket.deadline):
+        if speed and not math.isinf(deadline):
             needed = (queued + tokens) / speed
-            left = ticket.deadline - time.monotonic()
+            left = deadline - time.monotonic()
             if needed > left:
                 raise TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about {needed:.1f} s "
                            f"at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are left before its "

@@ -21,7 +21,8 @@ from ..decisions.model import Question, Scored
 from ..decisions.prompt import state_text
 from ..errors import Failure, InputError, Loc
 from .call import Answer, Call
-from .fields import NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, check_json, printable
+from .fields import DEBIAS_DESCRIPTION, DebiasName, NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, \
+    check_json, printable
 
 
 def _state_type(value: Any) -> Any:
@@ -78,6 +79,9 @@ class Decision(StrictModel):
     permutations: int | None = Field(None, ge=1, le=MAX_PERMUTATIONS, description=(
         "Orderings of the options to score and average (default ADAPTER_PERMUTATIONS): 1 is the order sent; 2 or "
         "more derive the orderings from the option ids alone, so the answer does not depend on the order sent."))
+    debias: DebiasName | None = Field(None, description=DEBIAS_DESCRIPTION)
+    show_prior: bool = Field(False, description="Report the prior's own distribution over the options "
+                                                "(debias.prior) when the decision is debiased.")
 
     @model_validator(mode="after")
     def _unique_option_ids(self) -> "Decision":
@@ -144,7 +148,7 @@ def _parsed(d: Decision, loc: Loc) -> Parsed:
     return Parsed(d.id, tuple(o.id for o in d.options), Question(
         loc=loc, state=state_text(d.state), question=d.question, options=texts, option_locs=option_locs,
         state_loc=loc + ("state",), question_loc=loc + ("question",), option_keys=tuple(o.id for o in d.options),
-        permutations=d.permutations))
+        permutations=d.permutations, debias=d.debias, show_prior=d.show_prior))
 
 
 def first_error(exc: ValidationError, root: type[BaseModel]) -> InputError:
@@ -193,6 +197,9 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
     log = {"decisions": len(decisions), "input_tokens": sum(s.input_tokens for s in answered.results),
            "queue_s": round(answered.queue_s, 6), "prefill_s": round(stats.prefill_s, 6),
            "readout_s": round(stats.readout_s, 6)}
+    if answered.prior_stats:
+        timing.update({"prior": answered.prior_s, "prior_tokens": answered.prior_tokens})
+        log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
     if single:
         return Answer({"result": {**results[0], "timing": timing}}, log=log)
     timing.update({"prefix_tokens": stats.resident_tokens + stats.shared_tokens,
@@ -221,6 +228,8 @@ def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict
         "label_mass": scored.label_mass,
         "top_token_is_label": scored.top_token_is_label,
         **({"calibration": scored.calibration} if scored.calibration is not None else {}),
+        **({"debias": {**scored.debias, **({"prior": list(scored.prior)} if decision.question.show_prior else {})}}
+           if scored.debias is not None else {}),
         "model": model_info,
     }
 
@@ -259,6 +268,15 @@ class Calibration(Response):
     prompt_version: str
 
 
+class Debias(Response):
+    """The content-free calibration applied: its mode, its content-free states and, on request, the prior."""
+
+    mode: str
+    states: list[str]
+    prior: list[float] | None = Field(None, description="The prior's own distribution over the options, in option "
+                                                        "order (with show_prior).")
+
+
 class Timing(Response):
     """Seconds spent waiting for the model, prefilling, reading the labels out, and in all."""
 
@@ -267,6 +285,10 @@ class Timing(Response):
     readout: float
     total: float
     cached_tokens: int | None = Field(None, description="Tokens of the prompt taken from the state cache.")
+    prior: float | None = Field(None, description="Seconds spent scoring debiased decisions' priors (0 when "
+                                                  "they came from the cache).")
+    prior_tokens: int | None = Field(None, description="Tokens decoded for the priors: 0 when they came from the "
+                                                       "cache.")
 
 
 class SharedTiming(Timing):
@@ -291,6 +313,8 @@ class DecisionResult(Response):
     top_token_is_label: bool | None = Field(None, description="Whether the most likely token there is a label.")
     calibration: Calibration | None = Field(None, description="The calibration applied to the probabilities, when "
                                                               "the model folder holds one; option_logits stay raw.")
+    debias: Debias | None = Field(None, description="The content-free calibration applied, when the decision is "
+                                                    "debiased; option_logits stay the model's own.")
 
 
 class TimedResult(DecisionResult):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo
 from pydantic import WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from ..decisions.debias import MODES
 from ..decisions.model import DecisionModel
 
 SURROGATE = re.compile("[\ud800-\udfff]")
@@ -125,3 +126,12 @@ STRUCTURED_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": 
 # A string, or a JSON object or array shown to the model as JSON (System One's instructions and criteria).
 Structured = Annotated[Any, BeforeValidator(_structured_type), AfterValidator(check_json),
                        WithJsonSchema(STRUCTURED_SCHEMA)]
+
+
+# A debias mode by name (decisions/debias.py): the request's ``debias`` / System One's ``x_debias``.
+DebiasName = Literal[tuple(MODES)]  # type: ignore[valid-type]
+DEBIAS_DESCRIPTION = ("Content-free calibration (default ADAPTER_DEBIAS): 'off', or a mode that scores the question "
+                      "and options with the state replaced by content-free input (the model's prior for them, "
+                      "cached per question, options, orderings and prompt) and divides it out of the answer, after "
+                      "order averaging and before any temperature. " + "; ".join(
+                          f"'{m.name}': {m.description}" for m in MODES.values()) + ".")

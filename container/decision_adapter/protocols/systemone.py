@@ -24,7 +24,7 @@ from ..decisions.model import Question, Scored
 from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, state_text
 from ..errors import Failure, InputError, Loc
 from .call import Answer, Call
-from .fields import RequestContext, Structured, check_json, printable, string_problem
+from .fields import DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, printable, string_problem
 
 ALIAS = "jev-latest"
 MAX_SCORE_LEVELS = 10
@@ -147,6 +147,9 @@ class SystemOneRequest(SystemOneModel):
     x_permutations: int | None = Field(None, ge=1, le=MAX_PERMUTATIONS, description=(
         "Orderings of each question's options to score and average (default ADAPTER_PERMUTATIONS): 1 is the order "
         "sent; 2 or more derive them from the option names (score levels: their text) alone."))
+    x_debias: DebiasName | None = Field(None, description=DEBIAS_DESCRIPTION)
+    x_show_prior: bool | None = Field(None, description="Report each debiased answer's prior over its options "
+                                                        "(x_debias.prior, keyed as the answer's probabilities).")
 
     @field_validator("model")
     @classmethod
@@ -187,7 +190,8 @@ def parse_items(body: Any, context: RequestContext) -> list[Item]:
     """The items of a System One body; a ValidationError (pydantic's) if it is invalid."""
     request = SystemOneRequest.model_validate(body, context=context)
     text = state_text(request.state)
-    return [_item(qid, q, text, request.x_permutations) for qid, q in request.questions.items()]
+    return [_item(qid, q, text, request.x_permutations, request.x_debias, bool(request.x_show_prior))
+            for qid, q in request.questions.items()]
 
 
 def parse(body: Any, context: RequestContext) -> tuple[str, str, list[Item]]:
@@ -206,7 +210,7 @@ def _structured(value: Any) -> str | None:
 
 
 def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str,
-          permutations: int | None = None) -> Item:
+          permutations: int | None = None, debias: str | None = None, show_prior: bool = False) -> Item:
     loc: Loc = ("body", "questions", qid)
     cloc = loc + ("criteria",)
     instructions = _structured(q.instructions)
@@ -232,7 +236,7 @@ def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str
     return Item(qid, q.type, names, legend, Question(
         loc=loc, state=state, question=instructions if instructions is not None else DEFAULT_INSTRUCTIONS[q.type],
         options=texts, option_locs=option_locs, state_loc=("body", "state"), question_loc=loc + ("instructions",),
-        option_keys=keys, permutations=permutations, kind=q.type))
+        option_keys=keys, permutations=permutations, kind=q.type, debias=debias, show_prior=show_prior))
 
 
 def answer_request(body: Any, call: Call) -> Answer:
@@ -242,16 +246,22 @@ def answer_request(body: Any, call: Call) -> Answer:
     answered = call.score(call.model.prepare([item.question for item in items]))
     stats = answered.stats
     input_tokens = sum(s.input_tokens for s in answered.results)
-    return Answer({
+    payload = {
         "model": call.model.served_id,
         "answers": {item.qid: answer(item, s) for item, s in zip(items, answered.results)},
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
-        "x_evaluated_tokens": stats.shared_tokens + sum(stats.own_tokens),
+        "x_evaluated_tokens": stats.shared_tokens + sum(stats.own_tokens) + answered.prior_tokens,
         "x_cached_tokens": stats.cached_tokens,
         "x_timing": {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
                      "total": time.perf_counter() - call.started},
-    }, log={"questions": len(items), "input_tokens": input_tokens, "queue_s": round(answered.queue_s, 6),
-            "prefill_s": round(stats.prefill_s, 6), "readout_s": round(stats.readout_s, 6)})
+    }
+    log = {"questions": len(items), "input_tokens": input_tokens, "queue_s": round(answered.queue_s, 6),
+           "prefill_s": round(stats.prefill_s, 6), "readout_s": round(stats.readout_s, 6)}
+    if answered.prior_stats:
+        payload["x_timing"]["prior"] = answered.prior_s
+        payload["x_prior_tokens"] = answered.prior_tokens
+        log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
+    return Answer(payload, log=log)
 
 
 def render(failure: Failure) -> tuple[dict[str, Any], int]:
@@ -283,6 +293,9 @@ def answer(item: Item, scored: Scored) -> dict[str, Any]:
     out["x_label_mass"] = scored.label_mass
     if scored.calibration is not None:
         out["x_calibration"] = scored.calibration
+    if scored.debias is not None:
+        out["x_debias"] = {**scored.debias, **({"prior": dict(zip(item.names, scored.prior))}
+                                               if item.question.show_prior and scored.prior else {})}
     return out
 
 
@@ -347,6 +360,15 @@ class Response(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class DebiasApplied(Response):
+    """The content-free calibration applied to an answer: its mode, its content-free states and, with x_show_prior,
+    the prior's own distribution (keyed like the answer's probabilities; noul: true and false)."""
+
+    mode: str
+    states: list[str]
+    prior: dict[str, float] | None = None
+
+
 class Extensions(Response):
     """What every answer adds to TypeSafe's shape."""
 
@@ -355,6 +377,7 @@ class Extensions(Response):
                                                          "at the answer position; low means the prompt is not understood.")
     x_calibration: dict[str, Any] | None = Field(None, description="The temperature applied (calibration.json "
                                                                    "fitted for this GGUF and prompt), if any.")
+    x_debias: DebiasApplied | None = Field(None, description="The content-free calibration applied, if any.")
 
 
 class NoulAnswer(Extensions):
@@ -387,6 +410,8 @@ class SystemOneTiming(Response):
     prefill: float
     readout: float
     total: float
+    prior: float | None = Field(None, description="Seconds spent scoring the priors of debiased answers (0 when "
+                                                  "they came from the cache).")
 
 
 class SystemOneResponse(Response):
@@ -397,6 +422,8 @@ class SystemOneResponse(Response):
     x_timing: SystemOneTiming
     x_cached_tokens: int | None = Field(None, description="Prompt tokens an earlier request evaluated, taken "
                                                          "from the state cache.")
+    x_prior_tokens: int | None = Field(None, description="Tokens decoded for the priors of debiased answers "
+                                                        "(included in x_evaluated_tokens); 0 when cached.")
 
 
 class ValidationIssue(BaseModel):
