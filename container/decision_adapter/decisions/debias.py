@@ -53,9 +53,11 @@ class DebiasMode:
 
 MODES = {mode.name: mode for mode in (
     DebiasMode("off", (), "no debiasing: the probabilities are the model's own"),
+    DebiasMode("empty", ("",),
+               "the prior from the empty state: one prior prompt per ordering, the best measured on the benchmark "
+               "model (docs/benchmarks.md)"),
     DebiasMode("content-free", ("N/A", "", "[MASK]"),
                "the prior from three content-free states (N/A, an empty state, [MASK]), averaged in log space"),
-    DebiasMode("n/a", ("N/A",), "the prior from the one content-free state N/A: a third of the cold cost"),
 )}
 OFF = "off"
 DEFAULT_MODE = "off"
