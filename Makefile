@@ -106,8 +106,10 @@ bench: $(VENV)/.dev
 	$(PY) -m benchmarks.concurrency --model-dir "$$($(PY) -m benchmarks.bench_model)" \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 	$(PY) -m benchmarks.accuracy --model-dir "$$($(PY) -m benchmarks.bench_model)" --styles $(BENCH_STYLES) \
-		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
-	$(PY) -m benchmarks.accuracy --styles $(BENCH_STYLES) --orders --out $(BENCH_OUT)/embedded-cpu
+		--cost-per-tier 2 --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.accuracy --styles $(BENCH_STYLES) --cost-per-tier 2 --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.kernels --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.threads --out $(BENCH_OUT)/embedded-cpu
 	$(PY) -m benchmarks.layout --per-tier 6 --max-state-chars 2000 --out $(BENCH_OUT)/embedded-cpu
 	$(PY) -m benchmarks.layout --model-dir "$$($(PY) -m benchmarks.bench_model)" --per-tier 6 --max-state-chars 2000 \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu

@@ -15,12 +15,12 @@ For a model folder and a task set (default: the public JevBench tasks):
    through ``DecisionModel.score``, every pair of a task in a row, so that what pairs share (the state, the
    orderings K = 2 and 4 have in common, the priors of a question asked again) comes from the cache: seconds
    here mean nothing, section 3 times them.
-3. **Cost** (``--cost-per-tier N``): the first N tasks of each tier, for each pair, timed three ways: with the
+3. **Cost**: the tokens each pair makes the model decode per decision, for every task of the section, from the
+   plans (deterministic); and (``--cost-per-tier N``) the first N tasks of each tier timed three ways: with the
    cache emptied (a new state and a new question: the prior is scored too), then with the state and the answer
    dropped but the prior kept (a new state, a question asked before: the routing and policy case), then with the
-   answer alone dropped (the state seen before too). Medians over the tasks, tokens decoded, and the ratio to
-   ``off`` at K = 1 in the same condition. The defaults are chosen from these two sections by the rule in
-   ``choose``.
+   answer alone dropped (the state seen before too). The defaults are chosen by the rule in ``choose``, on the
+   tokens: seconds on a shared machine move between runs, the tokens do not.
 4. **Calibration**: temperatures fitted per question type on the first style's answers (K = 1, options as
    given, no debiasing) with group-disjoint cross-validation; ECE and Brier before and after, out of fold, with a
    reliability plot for each.
@@ -238,27 +238,61 @@ def cost_section(model, tasks: list[Task], orders: list[int], modes: list[str]) 
     return out
 
 
-COST_LIMIT = 1.5  # times the per-task median of off at K = 1
-COST_CONDITION = "prior_warm"  # a new state, a question asked before
+def token_section(model, tasks: list[Task], orders: list[int], modes: list[str]) -> dict[str, Any]:
+    """Tokens each pair makes the model decode per decision, for every task of the section (prepare only: the
+    plans are exact and need no scoring): on a new state with the prior cached (the answer's job: the state once,
+    each ordering's question after it), and cold (the prior's jobs too). Per task, the ratio to off at K = 1;
+    medians over the tasks. On the CPU a decision's time follows these tokens (prefill-bound), and unlike seconds
+    on a shared machine they do not move between runs."""
+    from decision_adapter.errors import InputError
+
+    warm: dict[tuple[str, int], dict[str, int]] = {(m, k): {} for m in modes for k in orders}
+    cold: dict[tuple[str, int], dict[str, int]] = {(m, k): {} for m in modes for k in orders}
+    for task in tasks:
+        for mode, k in warm:
+            try:
+                _, prepared = prepared_task(model, task, k, mode)
+            except InputError:
+                continue
+            warm[mode, k][task.id] = prepared.plan.tokens
+            cold[mode, k][task.id] = prepared.plan.tokens + sum(p.plan.tokens for p in prepared.priors)
+    base = warm.get(("off", 1)) or next(iter(warm.values()))
+    out = {}
+    for (mode, k), mine in warm.items():
+        ids = [i for i in mine if i in base]
+        out[pair_name(mode, k)] = {
+            "mode": mode, "k": k, "tasks": len(ids),
+            "tokens_p50_prior_warm": statistics.median(mine[i] for i in ids),
+            "tokens_p50_cold": statistics.median(cold[mode, k][i] for i in ids),
+            "ratio_p50_prior_warm": statistics.median(mine[i] / base[i] for i in ids),
+            "ratio_p50_cold": statistics.median(cold[mode, k][i] / base[i] for i in ids)}
+    return out
 
 
-def choose(debias: dict[str, Any], cost: dict[str, Any]) -> dict[str, Any] | None:
-    """The defaults by the rule: of the pairs whose per-task median time on a new state with the prior cached
-    (the routing and policy case: each request brings a new state, the questions repeat) is within
-    ``COST_LIMIT`` times that of off at K = 1, the one with the most tasks right; among those within one task of
-    it, the cheapest."""
-    allowed = [name for name, row in cost.items() if name in debias
-               and row.get(f"ratio_p50_{COST_CONDITION}") is not None
-               and row[f"ratio_p50_{COST_CONDITION}"] <= COST_LIMIT]
+# The rule the defaults are chosen by: the most tasks right among the pairs that cost at most COST_LIMIT times the
+# tokens of off at K = 1 per decision on a new state with the prior cached (the routing and policy case: each
+# request brings a new state, the questions repeat), per-task median over every task of the section; among those
+# within one task of the best, the cheapest (with the prior cached, then cold). 1.5x keeps a default decision as
+# cheap as one prompt where the questions repeat, so that it stays faster than generating the answer; a request that
+# wants more accuracy asks for more orderings (docs/benchmarks.md gives every pair's accuracy and tokens).
+COST_LIMIT = 1.5
+COST_CONDITION = "prior_warm"
+
+
+def choose(debias: dict[str, Any], tokens: dict[str, Any]) -> dict[str, Any] | None:
+    """The defaults by the rule above (``COST_LIMIT``)."""
+    key = f"ratio_p50_{COST_CONDITION}"
+    allowed = [name for name, row in tokens.items() if name in debias and row[key] <= COST_LIMIT]
     if not allowed:
         return None
     right = {name: round(debias[name]["overall"]["accuracy"] * debias[name]["overall"]["n"]) for name in allowed}
     best = max(right.values())
     near = [name for name in allowed if right[name] >= best - 1]
-    chosen = min(near, key=lambda name: (cost[name][f"ratio_p50_{COST_CONDITION}"], name))
+    chosen = min(near, key=lambda name: (tokens[name][key], tokens[name]["ratio_p50_cold"], name))
     return {"pair": chosen, "mode": debias[chosen]["mode"], "k": debias[chosen]["k"],
-            "rule": f"most tasks right among pairs within {COST_LIMIT}x the per-task median time of off at K = 1 "
-                    f"on a new state with the prior cached; the cheapest of those within one task of the best",
+            "rule": f"the most tasks right within {COST_LIMIT}x the tokens of off at K = 1 per decision on a new "
+                    f"state with the prior cached (per-task median over every task); the cheapest of those within "
+                    f"one task of the best, with the prior cached, then cold",
             "right": right}
 
 
@@ -304,6 +338,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append("| median s per decision | | " + " | ".join(f"{styles[s]['seconds_p50']:.2f}" for s in names) + " |")
     if result.get("debias"):
         lines += debias_markdown(result, names[0])
+    if result.get("tokens"):
+        lines += tokens_markdown(result)
     if result.get("cost"):
         lines += cost_markdown(result)
     cal = result.get("calibration")
@@ -370,6 +406,18 @@ def cost_markdown(result: dict[str, Any]) -> list[str]:
     for row in cost.values():
         lines.append(f"| {row['mode']} | {row['k']} | {cell(row, 'cold')} | {cell(row, 'prior_warm')} | "
                      f"{cell(row, 'state_warm')} |")
+    return lines
+
+
+def tokens_markdown(result: dict[str, Any]) -> list[str]:
+    rows = result["tokens"]
+    tasks = next(iter(rows.values()))["tasks"]
+    lines = ["", f"Tokens decoded per decision ({tasks} tasks: every task of the section, from the plans; median, and "
+             f"the per-task median ratio to off at K = 1):", "",
+             "| debias | K | new state, prior cached | new state, new question |", "|---|---:|---:|---:|"]
+    for row in rows.values():
+        lines.append(f"| {row['mode']} | {row['k']} | {row['tokens_p50_prior_warm']:.0f} "
+                     f"({row['ratio_p50_prior_warm']:.2f}x) | {row['tokens_p50_cold']:.0f} ({row['ratio_p50_cold']:.2f}x) |")
     chosen = result.get("chosen")
     if chosen:
         lines += ["", f"Chosen by the rule ({chosen['rule']}): **debias {chosen['mode']}, K = {chosen['k']}**."]
@@ -422,10 +470,13 @@ def main(argv: list[str] | None = None) -> int:
                 if args.orders and args.debias:
                     result["debias"] = debias_section(model, [t for t in tasks if t.tier in args.order_tiers],
                                                       args.orders, args.debias)
+                if args.orders and args.debias:
+                    section = [t for t in tasks if t.tier in args.order_tiers]
+                    result["tokens"] = token_section(model, section, args.orders, args.debias)
+                    result["chosen"] = choose(result["debias"], result["tokens"])
                 if args.orders and args.debias and args.cost_per_tier:
                     result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
                                                   args.debias)
-                    result["chosen"] = choose(result["debias"], result["cost"])
         finally:
             model.close()
     if args.calibration and first_scored:

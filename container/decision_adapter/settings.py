@@ -122,7 +122,8 @@ class Settings:
     permutations: int = setting("ADAPTER_PERMUTATIONS", 1,
                                 "Orderings of the options each decision is scored in and averaged over, unless the "
                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
-                                "make the answer independent of it.", ge=1, le=16)
+                                "make the answer independent of it (measured: 4 with ADAPTER_DEBIAS=empty is the most "
+                                "accurate, for about 2.2x the tokens; docs/benchmarks.md).", ge=1, le=16)
     debias: DebiasModeName = setting(
         "ADAPTER_DEBIAS", DEFAULT_MODE, "Content-free calibration of each decision unless the request says (debias, "
         "x_debias): off, or the model's prior for the question and options, scored with the state replaced by "

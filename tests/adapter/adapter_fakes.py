@@ -128,3 +128,16 @@ def fake_model_dir(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "fake.gguf").write_bytes(b"GGUF fake model for tests")
     return folder
+
+
+def fake_decision_model(engine, max_prompt_tokens: int, max_request_tokens: int, *, queue_tokens: int = 100_000,
+                        runtime: dict | None = None):
+    """A DecisionModel over a fake engine, with its own scheduler; close() it when done."""
+    from decision_adapter.decisions.model import DecisionModel, Limits as DecisionLimits
+    from decision_adapter.decisions.model_files import ModelIdentity
+    from decision_adapter.engine.scheduler import Scheduler
+
+    identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
+    return DecisionModel(engine, Scheduler(engine, queue_tokens=queue_tokens), identity,
+                         DecisionLimits(max_prompt_tokens=max_prompt_tokens, max_request_tokens=max_request_tokens),
+                         runtime or {})

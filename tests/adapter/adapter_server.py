@@ -26,7 +26,8 @@ def live_server(model_dir: str, *, until: str = "ready", **env: str) -> Iterator
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     environ = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
-               "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": "2", **env}
+               "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": "2",
+               "ADAPTER_PERMUTATIONS": "1", "ADAPTER_DEBIAS": "off", **env}  # as the settings fixture
     output = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen([sys.executable, "-m", "decision_adapter.server.serve"], env=environ,
                                stdout=output, stderr=subprocess.STDOUT, text=True)

@@ -28,7 +28,9 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def settings(model_dir: Path) -> Settings:
-    return Settings(model_dir=str(model_dir), threads=2)
+    # No prior: tests about something else score one prompt per decision (the default, the empty-state prior, is
+    # tested in test_adapter_debias.py).
+    return Settings(model_dir=str(model_dir), threads=2, permutations=1, debias="off")
 
 
 @pytest.fixture(scope="session")

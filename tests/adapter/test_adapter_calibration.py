@@ -148,3 +148,31 @@ def test_the_server_refuses_a_calibration_fitted_for_other_orderings(model_copy,
     assert app.extensions["decision_adapter"].readiness.wait(120)
     ping = app.test_client().get("/ping")
     assert ping.status_code == 503 and "ADAPTER_PERMUTATIONS is 1" in ping.get_json()["detail"]
+
+
+def test_a_file_for_another_debias_mode_is_refused(tmp_path):
+    write(tmp_path, debias="empty")
+    assert load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION, permutations=1,
+                debias="empty").debias == "empty"
+    with pytest.raises(CalibrationError, match="debiased with 'empty'; ADAPTER_DEBIAS is 'off'"):
+        load(tmp_path, gguf_sha256="a" * 64, prompt_version=PROMPT_VERSION, permutations=1, debias="off")
+
+
+def test_the_temperature_applies_after_order_averaging_and_the_prior(model_copy, settings, example, served_version):
+    """Composition: average the orderings, divide the prior out, then the temperature fitted on answers debiased
+    the same way. Checked from the answer's own fields: the model's averaged logits, the prior it reports."""
+    folder, digest = model_copy
+    write(folder, gguf_sha256=digest, prompt_version=served_version, permutations=2, debias="empty")
+    app = create_app(dataclasses.replace(settings, model_dir=str(folder), permutations=2, debias="empty"))
+    assert app.extensions["decision_adapter"].readiness.wait(120)
+    body = {"decision": {**example["decision"], "show_prior": True}}
+    result = app.test_client().post("/invocations", json=body).get_json()["result"]
+    assert result["calibration"]["temperature"] == 2.0 and result["debias"]["mode"] == "empty"
+    adjusted = [x - math.log(p) for x, p in zip(result["option_logits"], result["debias"]["prior"])]
+    assert result["probabilities"] == pytest.approx(softmax([x / 2.0 for x in adjusted]), abs=1e-9)
+    # A question asking for another mode gets no temperature fitted on other logits, and says so.
+    off = app.test_client().post("/invocations", json={"decision": {**example["decision"], "debias": "off"}})
+    off = off.get_json()["result"]
+    assert "calibration" not in off and "debias" not in off
+    assert "fitted with debias 'empty', this question asked for 'off'" in off["readout"]
+    assert off["probabilities"] == pytest.approx(softmax(off["option_logits"]), abs=1e-12)

@@ -12,10 +12,9 @@ import math
 
 import pytest
 
-from adapter_fakes import FakeEngine, fake_model_dir
+from adapter_fakes import FakeEngine, fake_decision_model, fake_model_dir
 from decision_adapter.decisions.debias import MODES, aligned_mean, normalised
-from decision_adapter.decisions.model import DecisionModel, Limits, Question
-from decision_adapter.decisions.model_files import ModelIdentity
+from decision_adapter.decisions.model import Question
 from decision_adapter.engine.errors import Busy
 from decision_adapter.engine.readout import softmax
 from decision_adapter.engine.scheduler import Scheduler
@@ -184,10 +183,7 @@ def test_a_bad_x_debias_is_a_422_naming_the_field(client, extra, loc):
 
 @pytest.fixture
 def fake_model(tmp_path):
-    engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
-    identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
-    model = DecisionModel(engine, Scheduler(engine, queue_tokens=100_000), identity,
-                          Limits(max_prompt_tokens=600, max_request_tokens=2000), {})
+    model = fake_decision_model(FakeEngine(fake_model_dir(tmp_path) / "fake.gguf"), 600, 2000)
     yield model
     model.close()
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import llama_cpp
-import pytest
 import requests
 
 from adapter_server import live_server

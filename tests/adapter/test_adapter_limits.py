@@ -17,10 +17,9 @@ import pytest
 import requests
 import zstandard
 
-from adapter_fakes import CHATML, FakeEngine, fake_model_dir
+from adapter_fakes import CHATML, FakeEngine, fake_decision_model, fake_model_dir
 from adapter_server import live_server
-from decision_adapter.decisions.model import DecisionModel, Limits, Question
-from decision_adapter.decisions.model_files import ModelIdentity
+from decision_adapter.decisions.model import Question
 from decision_adapter.decisions.prompt import ChatTemplate, PromptLayout
 from decision_adapter.engine.cache import PrefixCache, size_of
 from decision_adapter.engine.errors import DeadlineExceeded, RestoreFailed, TooSlow
@@ -77,10 +76,8 @@ class MeasuringEngine(FakeEngine):
 
 @pytest.fixture
 def fake_model(tmp_path):
-    engine = MeasuringEngine(fake_model_dir(tmp_path) / "fake.gguf")
-    identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
-    model = DecisionModel(engine, Scheduler(engine, queue_tokens=1_000_000), identity,
-                          Limits(max_prompt_tokens=2000, max_request_tokens=6000), {})
+    model = fake_decision_model(MeasuringEngine(fake_model_dir(tmp_path) / "fake.gguf"), 2000, 6000,
+                                queue_tokens=1_000_000)
     yield model
     model.close()
 
@@ -117,8 +114,7 @@ def test_the_request_budget_is_the_plans_own_count_orderings_and_label_paths_inc
 def test_the_prompt_limit_is_capped_by_the_models_training_context(tmp_path):
     engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
     engine.train_ctx_tokens = 300
-    identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
-    model = DecisionModel(engine, Scheduler(engine, queue_tokens=10_000), identity, Limits(2000, 6000), {})
+    model = fake_decision_model(engine, 2000, 6000, queue_tokens=10_000)
     try:
         assert model.prompt_ceiling == 300
         with pytest.raises(InputError, match="over the limit of 300"):

@@ -5,17 +5,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
+from pathlib import Path
 
 import pytest
 
-from adapter_fakes import CHATML, FakeEngine, fake_model_dir
+from adapter_fakes import CHATML, FakeEngine, fake_decision_model, fake_model_dir
 from decision_adapter.errors import InputError, dotted
 from decision_adapter.decisions.labels import PAIRED, SINGLE, labels_for
-from decision_adapter.decisions.model_files import ModelIdentity
 from decision_adapter.decisions.prompt import SYSTEM_INSTRUCTION, ChatTemplate, PromptLayout, TemplateError
 from decision_adapter.engine.readout import LabelTrie, NodeRead, common_prefix, prompt_score
-from decision_adapter.engine.scheduler import Scheduler
-from decision_adapter.decisions.model import DecisionModel, Limits, Question
+from decision_adapter.decisions.model import Question
 from decision_adapter.protocols import decision_schema
 from decision_adapter.protocols.fields import RequestContext
 from decision_adapter.settings import Settings, SettingsError, physical_cores
@@ -76,6 +76,17 @@ def test_every_setting_is_described():
     assert {r["env"] for r in rows} >= {"SAGEMAKER_BIND_TO_PORT", "ADAPTER_MODEL_DIR", "ADAPTER_THREADS",
                                         "ADAPTER_GPU_LAYERS", "ADAPTER_QUEUE_DEPTH", "ADAPTER_MAX_BODY_BYTES"}
     assert all(r["description"] for r in rows)
+
+
+def test_readme_lists_every_setting_with_its_default():
+    """README's settings table is the users' reference: every variable, with the default the code has."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    table = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z_]+)` \| ([^|]+) \|", readme, re.M)}
+    for row in Settings.describe():
+        assert row["env"] in table, f"README's settings table lacks {row['env']}"
+        if isinstance(row["default"], (str, int, float)) and "(this machine)" not in str(row["default"]) \
+                and str(row["default"]) != "":
+            assert table[row["env"]].strip() == f"`{row['default']}`", (row["env"], table[row["env"]])
 
 
 def test_label_sets():
@@ -150,10 +161,7 @@ def test_template_errors_are_template_errors():
 
 @pytest.fixture
 def fake_model(tmp_path):
-    engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
-    identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
-    model = DecisionModel(engine, Scheduler(engine, queue_tokens=100_000), identity,
-                          Limits(max_prompt_tokens=600, max_request_tokens=900), {"runtime": 1})
+    model = fake_decision_model(FakeEngine(fake_model_dir(tmp_path) / "fake.gguf"), 600, 900, runtime={"runtime": 1})
     yield model
     model.close()
 

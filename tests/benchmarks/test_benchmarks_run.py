@@ -153,3 +153,32 @@ def test_each_servers_own_timing_fields_are_reported_side_by_side(run):
     assert rows and all(r["ours_timing"]["prompt_tokens"] > 0 for r in rows)
     table = (out / "results.md").read_text()
     assert "Each server's own timing fields" in table and "| llama-server | " in table
+
+
+def test_the_kernels_benchmark_forces_each_variant_of_the_dispatched_build(tmp_path):
+    """`make bench`'s kernel comparison, on the embedded model and the dispatched build alone (the AVX2 and native
+    comparison builds are compiled by `make bench`, not here): the best variant, and one forced."""
+    from decision_adapter.decisions.model_files import embedded_model_dir
+
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--model-dir", str(embedded_model_dir()),
+                           "--builds", "dispatched", "--variants", "auto", "haswell", "--tokens", "32", "--rounds", "1",
+                           "--repeats", "1", "--threads", "2", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "kernels.json").read_text())
+    loaded = {r["config"]: r["variant"] for r in result["rows"]}
+    assert loaded["dispatched haswell"] == "haswell"
+    assert loaded["dispatched auto"] not in ("haswell", "built-in"), "this CPU has AVX-512: a better variant loads"
+    assert all(r["tokens_per_s"] > 0 for r in result["rows"])
+    assert "| dispatched auto | " in (tmp_path / "kernels.md").read_text()
+
+
+def test_the_threads_benchmark_times_a_decode_alone_and_beside_busy_http_threads(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "benchmarks.threads", "--configs", "2:passive:0", "--rounds", "1",
+                           "--requests", "2", "--state-tokens", "100", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    [row] = json.loads((tmp_path / "threads.json").read_text())["rows"]
+    assert row["threads"] == 2 and row["wait"] == "passive" and row["http_nice"] == 0
+    table = (tmp_path / "threads.md").read_text()
+    assert "| 2 | passive | 0 | " in table

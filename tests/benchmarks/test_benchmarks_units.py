@@ -204,22 +204,35 @@ def test_a_sagemaker_endpoint_is_called_through_sagemaker_runtime(monkeypatch):
         assert body == answer and elapsed > 0
 
 
-def test_accuracy_tool_compares_styles_orders_and_calibration_on_the_real_model(tmp_path):
+def test_accuracy_tool_compares_styles_debias_orders_and_calibration_on_the_real_model(tmp_path):
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[2]
     tasks = Path(__file__).with_name("tasks-sample.jsonl")
     done = subprocess.run([sys.executable, "-m", "benchmarks.accuracy", "--tasks", str(tasks), "--styles", "plain",
-                           "exact-examples-digits", "--orders", "2", "--threads", "2", "--out", str(tmp_path)],
+                           "exact-examples-digits", "--orders", "1", "2", "--debias", "off", "empty",
+                           "--cost-per-tier", "1", "--threads", "2", "--out", str(tmp_path)],
                           cwd=repo, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "accuracy.json").read_text())
     assert list(result["styles"]) == ["plain", "exact-examples-digits"]
     assert result["styles"]["plain"]["version"] != result["styles"]["exact-examples-digits"]["version"]
     assert all(style["overall"]["n"] == 6 for style in result["styles"].values())
-    assert result["orders"]["2"]["flip_rate"] == 0.0, "averaged orderings do not depend on the order sent"
-    assert result["orders"]["2"]["noul_tasks"] == 2 and 0 <= result["orders"]["2"]["noul_true_rate"] <= 1
+    grid = result["debias"]
+    assert list(grid) == ["off K=1", "off K=2", "empty K=1", "empty K=2"]
+    assert grid["off K=2"]["flip_rate"] == 0.0 == grid["empty K=2"]["flip_rate"], "averaged orderings ignore the order"
+    assert grid["off K=1"]["overall"]["accuracy"] == result["styles"]["plain"]["overall"]["accuracy"], \
+        "off at K = 1 is the plain style's own pass"
+    assert all(0 <= b["noul_true_rate"] <= 1 for b in grid.values())
+    tokens = result["tokens"]
+    assert tokens["off K=1"]["ratio_p50_prior_warm"] == 1.0
+    assert tokens["empty K=1"]["tokens_p50_prior_warm"] == tokens["off K=1"]["tokens_p50_prior_warm"], \
+        "a cached prior costs nothing"
+    assert tokens["empty K=1"]["tokens_p50_cold"] > tokens["off K=1"]["tokens_p50_cold"]
+    assert tokens["off K=2"]["tokens_p50_prior_warm"] > tokens["off K=1"]["tokens_p50_prior_warm"]
+    assert result["chosen"]["pair"] in grid and set(result["cost"]) == set(grid)
     assert result["calibration"]["before"]["ece_10"] >= 0
     assert (tmp_path / "reliability-after-calibration.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Chosen by the rule" in (tmp_path / "accuracy.md").read_text()
     assert "| overall | 6 |" in (tmp_path / "accuracy.md").read_text()

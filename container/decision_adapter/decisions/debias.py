@@ -60,7 +60,7 @@ MODES = {mode.name: mode for mode in (
                "the prior from three content-free states (N/A, an empty state, [MASK]), averaged in log space"),
 )}
 OFF = "off"
-DEFAULT_MODE = "off"
+DEFAULT_MODE = "empty"  # chosen by measurement: benchmarks.accuracy.choose, docs/benchmarks.md
 
 
 def normalised(values: Sequence[float]) -> list[float]:

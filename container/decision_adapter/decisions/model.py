@@ -24,7 +24,7 @@ from .calibration import Calibration
 from .debias import MODES, DebiasMode, aligned_mean
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .model_files import ModelIdentity
-from .prompt import DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, state_segment
+from .prompt import DEFAULT_STYLE, DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, state_segment
 
 READOUT_SINGLE = ("softmax over the declared answer labels' logits at the first answer position "
                   "(last prompt position); no tokens generated")
@@ -212,7 +212,7 @@ class DecisionModel:
         self.calibration = calibration  # a calibration.json fitted for this GGUF, prompt and orderings, if any
         self.default_permutations = default_permutations  # ADAPTER_PERMUTATIONS
         self.default_debias = MODES[default_debias]  # ADAPTER_DEBIAS
-        self.layout = layout or prompt_layout(engine, STYLES["plain"])
+        self.layout = layout or prompt_layout(engine, STYLES[DEFAULT_STYLE])
         self.prompt_version = self.layout.version
         # Every prompt is head + state + question + tail; the head and the tail are the template's own text, so
         # their special tokens are parsed; the state and the question are the request's, tokenized as text.
