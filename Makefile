@@ -95,7 +95,7 @@ bench-model: $(VENV)/.dev
 BENCH_TASKS ?= ../shared/benchmarks/jevbench
 BENCH_OUT ?= docs/benchmarks
 # The served prompt style first (order and calibration are measured with it), then the candidates it was chosen from.
-BENCH_STYLES ?= plain lean examples exact exact-examples exact-examples-digits
+BENCH_STYLES ?= lean plain examples exact exact-examples exact-examples-digits
 bench: $(VENV)/.dev
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT)/embedded-cpu $(BENCH_ARGS)
 	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)/embedded-cpu

@@ -218,7 +218,7 @@ def test_a_templates_date_is_frozen_at_load_and_part_of_the_prompt_version(monke
     Day.day_shown = real.datetime(2026, 12, 4, 0, 1, tzinfo=real.timezone.utc)
     assert loaded.render("p").startswith("Today is 2026-12-03."), "midnight does not change a loaded prompt"
     tomorrow = PromptLayout(ChatTemplate(dated))
-    assert tomorrow.version != loaded.version and tomorrow.version.startswith("plain-")
+    assert tomorrow.version != loaded.version and tomorrow.version.startswith(f"{prompt.DEFAULT_STYLE}-")
     assert PromptLayout(ChatTemplate(dated)).version == tomorrow.version
 
 
