@@ -50,10 +50,12 @@ def served_prompt_version() -> str:
 
 
 def _fitted_calibration(gguf_sha256: str) -> str:
-    """calibration.json as `python -m decision_adapter.calibrate` writes it, for this adapter's prompt."""
+    """calibration.json as `python -m decision_adapter.calibrate` writes it, for this adapter's prompt and its
+    default orderings and debias mode."""
+    defaults = Settings()
     return Calibration(gguf_sha256=gguf_sha256, prompt_version=served_prompt_version(),
-                       temperatures={"choice": CHOICE_TEMPERATURE, "noul": 0.7}, permutations=1,
-                       fitted={"rows": 40, "folds": 5}).to_json()
+                       temperatures={"choice": CHOICE_TEMPERATURE, "noul": 0.7}, permutations=defaults.permutations,
+                       debias=defaults.debias, fitted={"rows": 40, "folds": 5}).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +105,17 @@ def test_adapter_serves_an_archive_with_a_matching_calibration_calibrated(calibr
         client = app.test_client()
         assert client.get("/ping").status_code == 200, client.get("/ping").get_json()
 
-        response = client.post("/invocations", data=EXAMPLE.read_text(), content_type="application/json")
+        body = json.loads(EXAMPLE.read_text())
+        body["decision"]["show_prior"] = True
+        response = client.post("/invocations", json=body)
 
         assert response.status_code == 200, response.get_data(as_text=True)
         result = response.get_json()["result"]
         assert result["calibration"] == {"temperature": CHOICE_TEMPERATURE, "type": "choice",
                                          "gguf_sha256": embedded_gguf.sha256, "prompt_version": served_prompt_version()}
         logits = result["option_logits"]
+        if "debias" in result:  # the server's default: the prior divided out before the temperature
+            logits = [x - math.log(p) for x, p in zip(logits, result["debias"]["prior"])]
         assert result["probabilities"] == pytest.approx(_softmax([x / CHOICE_TEMPERATURE for x in logits]))
         # Guards the check above: at this temperature the calibrated and raw probabilities differ.
         assert result["probabilities"] != pytest.approx(_softmax(logits))
