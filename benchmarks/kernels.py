@@ -116,16 +116,13 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def measure(config: dict, args: argparse.Namespace) -> dict:
-    from decision_adapter.settings import Settings
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [config.get("path"), str(REPO),
                                                                        os.environ.get("PYTHONPATH")]))}
     # OpenMP reads its wait policy when llama.cpp's libraries load: the child gets it in its environment, as serve
     # sets it (server/serve.py apply_thread_wait).
-    wait = args.thread_wait or Settings().omp_wait_policy or "openmp"
     env.pop("OMP_WAIT_POLICY", None)
-    if wait != "openmp":
-        env["OMP_WAIT_POLICY"] = wait
+    if args.thread_wait != "openmp":
+        env["OMP_WAIT_POLICY"] = args.thread_wait
     command = [sys.executable, "-m", "benchmarks.kernels", "--worker", "--variant", config["variant"],
                "--model-dir", args.model_dir, "--threads", str(args.threads), "--repeats", str(args.repeats),
                "--tokens", *map(str, args.tokens)]
@@ -154,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="auto", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.thread_wait is None:  # the adapter's own default (ADAPTER_THREAD_WAIT)
+        from decision_adapter.settings import Settings
+
+        args.thread_wait = Settings().omp_wait_policy or "openmp"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # subprocess.run then kills the child measuring
     if args.model_dir is None:
         from .bench_model import ensure
@@ -182,10 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        from decision_adapter.settings import Settings
-
         record = {"command": command.strip(), "machine": platform.processor() or platform.machine(),
-                  "thread_wait": args.thread_wait or Settings().omp_wait_policy or "openmp",
+                  "thread_wait": args.thread_wait,
                   "cpu": runs[configs[0]["name"]][0]["cpu"], "threads": args.threads, "rounds": args.rounds,
                   "repeats": args.repeats, "model_dir": args.model_dir, "rows": rows,
                   "runs": {name: [{k: v for k, v in r.items() if k != "library"} for r in results]

@@ -1,4 +1,4 @@
-"""What the operator commands (check-pins, transform) know about a deployment, without the CDK.
+"""What the operator commands (check-pins, preflight, transform) know about a deployment, without the CDK.
 
 They read an environment from cdk.json with the CDK app's own validation (stacks/config.py, which imports no
 CDK), and the names CloudFormation generated from the stacks' outputs: the artifacts stack's bucket and
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
 from stacks.config import ConfigError, EnvironmentConfig, load_environment
 
@@ -75,6 +76,24 @@ def aws_for(args: argparse.Namespace, config: EnvironmentConfig) -> Aws:
     if session.region_name is None:
         raise CommandError("no AWS region: pass --region, set it in cdk.json or configure one", EXIT_CONFIGURATION)
     return Aws(session=session, endpoint_url=args.endpoint_url)
+
+
+def report_checks(command: str, args: argparse.Namespace,
+                  checks_for: Callable[[EnvironmentConfig, Aws], Sequence[Any]], passed: Callable[[Any], bool]) -> int:
+    """A read-only check command (check-pins, preflight): each check's ``line()`` on stdout; EXIT_OK when every one
+    passed, EXIT_FAILED otherwise; a CommandError or missing credentials on one line of stderr, with its code."""
+    try:
+        config = load_config(args)
+        checks = checks_for(config, aws_for(args, config))
+    except CommandError as error:
+        print(f"endpoint_client {command}: {error}", file=sys.stderr)
+        return error.exit_code
+    except (NoCredentialsError, PartialCredentialsError) as error:
+        print(f"endpoint_client {command}: no AWS credentials: {error}", file=sys.stderr)
+        return EXIT_CONFIGURATION
+    for check in checks:
+        print(check.line())
+    return EXIT_OK if all(passed(check) for check in checks) else EXIT_FAILED
 
 
 def stack_outputs(cloudformation: Any, stack_name: str, required: Sequence[str]) -> dict[str, str]:

@@ -15,14 +15,12 @@ of a media type SageMaker refuses, or unprotected, 2 bad arguments or cdk.json, 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+from botocore.exceptions import ClientError
 
-from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
-                                        add_common_arguments, aws_for, error_code, load_config, stack_outputs)
+from endpoint_client.deployment import Aws, add_common_arguments, error_code, report_checks, stack_outputs
 from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
 
 
@@ -158,15 +156,5 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--protect", action="store_true",
                         help=f"tag each pinned image of the project repository {PINNED_TAG_PREFIX}<digest hex>")
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args)
-        statuses = check_pins(config, aws_for(args, config), protect=args.protect)
-    except CommandError as error:
-        print(f"endpoint_client check-pins: {error}", file=sys.stderr)
-        return error.exit_code
-    except (NoCredentialsError, PartialCredentialsError) as error:
-        print(f"endpoint_client check-pins: no AWS credentials: {error}", file=sys.stderr)
-        return EXIT_CONFIGURATION
-    for status in statuses:
-        print(status.line())
-    return EXIT_OK if all(status.ok for status in statuses) else EXIT_FAILED
+    return report_checks("check-pins", args, lambda config, aws: check_pins(config, aws, protect=args.protect),
+                         lambda status: status.ok)

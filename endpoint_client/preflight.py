@@ -19,15 +19,13 @@ read counts as failed), 2 bad arguments or cdk.json, 4 no region or credentials.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
-                                        add_common_arguments, aws_for, error_code, load_config)
+from endpoint_client.deployment import EXIT_FAILED, Aws, CommandError, add_common_arguments, error_code, report_checks
 from endpoint_client.pins import check_pins
 from stacks import updates
 from stacks.config import EnvironmentConfig
@@ -223,15 +221,4 @@ def main(argv: Sequence[str]) -> int:
                     "largest fleet and its update, and no instance type changes under registered auto scaling.")
     add_common_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        config = load_config(args)
-        checks = preflight(config, aws_for(args, config))
-    except CommandError as error:
-        print(f"endpoint_client preflight: {error}", file=sys.stderr)
-        return error.exit_code
-    except (NoCredentialsError, PartialCredentialsError) as error:
-        print(f"endpoint_client preflight: no AWS credentials: {error}", file=sys.stderr)
-        return EXIT_CONFIGURATION
-    for check in checks:
-        print(check.line())
-    return EXIT_OK if all(check.passed for check in checks) else EXIT_FAILED
+    return report_checks("preflight", args, preflight, lambda check: check.passed)

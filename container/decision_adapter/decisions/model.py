@@ -218,6 +218,9 @@ class DecisionModel:
         # their special tokens are parsed; the state and the question are the request's, tokenized as text.
         self._head_tokens = tuple(engine.tokenize(self.layout.head, special=True, bos=True))
         self._tail_tokens = tuple(engine.tokenize(self.layout.tail, special=True))
+        # The content-free states the priors put in place of the state (debias.MODES): fixed text, tokenized once.
+        self._content_free_tokens = {text: tuple(engine.tokenize(state_segment(text)))
+                                     for mode in MODES.values() for text in mode.states}
         # What request validation refuses in text the model reads: the texts of the model's special tokens.
         self.control_tokens = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
                                if engine.control_texts else None)
@@ -337,7 +340,7 @@ class DecisionModel:
             for text in self.debias_mode(questions[owner]).states:
                 states.setdefault(text, []).append(k)
         for text, members in states.items():
-            free = tuple(self.engine.tokenize(state_segment(text)))
+            free = self._content_free_tokens[text]
             request_tokens += len(free)
             prior_tokens = []
             for k in members:
