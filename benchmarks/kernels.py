@@ -1,11 +1,13 @@
 """`python -m benchmarks.kernels`: prefill speed of llama.cpp's CPU kernels, build against build, same prompts.
 
 What is compared, on the same model, threads and token ids:
-- ``dispatched``: the adapter's own wheel (every CPU variant, the best loaded at start-up), once with ``auto`` and
-  once per variant forced with ADAPTER_CPU_VARIANT (the kernels each instance family would run);
+- ``dispatched``: the adapter's installed wheel (its CPU variants, the best loaded at start-up: locally the baseline
+  and the best for this CPU, every variant with ``LLAMA_VARIANTS=all``), once with ``auto`` and once per variant
+  forced with ADAPTER_CPU_VARIANT (the kernels each instance family would run);
 - ``avx2``: llama-cpp-python built with the adapter's former flags (``-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...``);
 - ``native``: built with ``-DGGML_NATIVE=ON`` for this very CPU, the upper bound here.
-The other builds are compiled once each (about 7 minutes on 2 cores) into the same wheel cache the Makefile uses,
+The other builds are compiled once each (about 7 minutes on 2 cores) into the same wheel cache
+(container/llama_wheel.py),
 unpacked beside it, and run from a child process that puts them first on ``sys.path``.
 
 Each measurement is a child process that loads the model with the adapter's engine and times ``Engine.prefill``
@@ -17,7 +19,7 @@ all alike; the table gives the median over rounds of each round's median, and th
 from __future__ import annotations
 
 import argparse
-import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -31,38 +33,25 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = Path.home() / ".cache" / "decision-adapter"
-# Flag sets as the Makefile spells them (same string, same cache folder): the former adapter flags, and native.
+# The comparison builds' flags (each its own cache folder): the adapter's former flags, and native.
 BUILDS = {
     "avx2": "-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON",
     "native": "-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON",
 }
-# x64 (SSE only, no SIMD dot products for k-quants) takes minutes per prompt here: name it with --variants to see.
-VARIANTS = ("auto", "haswell", "skylakex", "icelake")
 
 
-def llama_cpp_version() -> str:
-    for line in (REPO / "container" / "requirements.txt").read_text().splitlines():
-        if line.startswith("llama-cpp-python=="):
-            return line.split("==", 1)[1].strip()
-    raise RuntimeError("container/requirements.txt pins no llama-cpp-python")
+def _llama_wheel():
+    """container/llama_wheel.py, which builds (and caches) every llama-cpp-python wheel the project uses."""
+    spec = importlib.util.spec_from_file_location("llama_wheel", REPO / "container" / "llama_wheel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build(flags: str) -> Path:
     """A folder holding llama-cpp-python's ``llama_cpp`` package compiled with ``flags``: the wheel is built once
-    into the Makefile's wheel cache (``LLAMA_WHEEL_CACHE`` naming) and unpacked once beside it."""
-    version = llama_cpp_version()
-    wheels = CACHE / "wheels" / f"llama-cpp-python-{version}-{hashlib.sha256(flags.encode()).hexdigest()[:12]}"
-    if not (wheels / ".complete").exists():
-        print(f"building llama-cpp-python {version} with {flags} into {wheels} (about 7 minutes)...", flush=True)
-        partial = wheels.with_name(wheels.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps",
-                        "--no-cache-dir", "-w", str(partial), f"llama-cpp-python=={version}"],
-                       env={**os.environ, "CMAKE_ARGS": flags}, check=True, stdout=subprocess.DEVNULL)
-        shutil.rmtree(wheels, ignore_errors=True)
-        partial.rename(wheels)
-        (wheels / ".complete").touch()
+    into the wheel cache (container/llama_wheel.py) and unpacked once beside it."""
+    wheels = _llama_wheel().build(flags, None)
     unpacked = wheels / "site"
     if not (unpacked / ".complete").exists():
         shutil.rmtree(unpacked, ignore_errors=True)
@@ -75,6 +64,19 @@ def build(flags: str) -> Path:
             library.chmod(0o755)
         (unpacked / ".complete").touch()
     return unpacked
+
+
+def default_variants() -> list[str]:
+    """``auto``, then every variant the installed build ships and this CPU runs, but the baseline (x64: SSE only,
+    no SIMD dot products for k-quants, minutes per prompt here; name it with --variants to see)."""
+    import llama_cpp
+
+    from decision_adapter.engine import backends, cpu_variants
+
+    flags = cpu_variants.cpu_flags() or frozenset()
+    shipped = backends.variant_files(Path(llama_cpp.__file__).parent / "lib")
+    return ["auto", *(name for name in shipped if name in cpu_variants.VARIANTS and name != cpu_variants.BASELINE
+                      and cpu_variants.runs(name, flags))]
 
 
 def prompt_tokens(engine, count: int) -> list[int]:
@@ -145,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="timed prefills per prompt in each round")
     parser.add_argument("--builds", nargs="+", choices=["dispatched", *BUILDS], default=["dispatched", *BUILDS])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                        help="CPU variants of the dispatched build to force (auto: the one it picks)")
+    parser.add_argument("--variants", nargs="+",
+                        help="CPU variants of the dispatched build to force (auto: the one it picks; default: auto "
+                             "and every variant the build ships that this CPU runs, but the baseline)")
     parser.add_argument("--out", type=Path, help="write kernels.json and kernels.md here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="auto", help=argparse.SUPPRESS)
@@ -162,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         args.model_dir = str(ensure())
     if args.worker:
         return worker(args)
+    if args.variants is None:
+        args.variants = default_variants()
 
     configs = []
     if "dispatched" in args.builds:

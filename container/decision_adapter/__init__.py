@@ -12,7 +12,7 @@ each layer's docstring and fails on any import that breaks them, or on any impor
 At the top stay what spans the layers: ``settings`` (every knob, read once from the environment),
 ``startup`` (the composition root: engine, scheduler and decision model built and probed), ``errors`` (the
 errors that reach clients), ``calibrate`` (the command that fits calibration.json), ``metric_logs`` (the log
-lines CloudWatch metrics read) and ``local`` (``python -m decision_adapter.local``, kept for ``make run``).
+lines CloudWatch metrics read).
 
 Rules for the modules at the top:
 may import from the package: engine, decisions, protocols, server

@@ -1,4 +1,4 @@
-"""llama.cpp's CPU kernels: the wheel ships every variant, the engine loads the best for this CPU and says which.
+"""llama.cpp's CPU kernels: the wheel ships its variants, the engine loads the best for this CPU and says which.
 
 The variant is chosen once per process (ggml's registry is global), so each failure is a `serve` of its own over a
 copy of llama-cpp-python's library folder (``LLAMA_CPP_LIB_PATH``, which llama-cpp-python honours) with a variant
@@ -13,43 +13,59 @@ import sys
 from pathlib import Path
 
 import llama_cpp
+import pytest
 import requests
 
 from adapter_server import live_server
-from decision_adapter.engine import backends
+from decision_adapter.engine import backends, cpu_variants
+from decision_adapter.engine.errors import BackendUnavailable
 
 LIB = Path(llama_cpp.__file__).parent / "lib"
-# ggml's feature names against /proc/cpuinfo's flags, for the instruction sets a variant can be compiled for.
-CPUINFO = {"AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma", "BMI2": "bmi2", "AVX_VNNI": "avx_vnni",
-           "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni",
-           "AVX512_BF16": "avx512_bf16", "AMX_INT8": "amx_int8"}
+SHIPPED = set(backends.variant_files(LIB))
+# This CPU's flags as the kernel reports them, which the engine reads too (what the OS enables, not only CPUID).
+FLAGS = cpu_variants.cpu_flags()
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    raise AssertionError("/proc/cpuinfo has no flags line")
-
-
-def test_the_wheel_ships_the_x86_64_variants():
-    shipped = set(backends.variant_files(LIB))
-    assert {"x64", "haswell", "skylakex", "icelake", "zen4", "sapphirerapids"} <= shipped, shipped
+def test_the_wheel_ships_the_baseline_and_the_best_variant_for_this_cpu():
+    """A local build ships the x86-64 baseline and the best variant for its machine; the image every variant
+    (make image-test checks that one); either way only variants ggml declares."""
+    assert FLAGS is not None, "/proc/cpuinfo has no flags line"
+    assert SHIPPED <= set(cpu_variants.VARIANTS), SHIPPED - set(cpu_variants.VARIANTS)
+    assert set(cpu_variants.local_build(FLAGS)) <= SHIPPED, (cpu_variants.local_build(FLAGS), SHIPPED)
     assert not (LIB / "libggml-cpu.so").exists(), "a built-in CPU backend beside the variants"
 
 
 def test_the_engine_runs_the_best_variant_for_this_cpu(engine):
     kernels = engine.kernels
     scores = {name: backends.probe(path) for name, path in backends.variant_files(LIB).items()}
-    assert kernels.variant == max(scores, key=scores.get) and scores[kernels.variant] > 0, (kernels, scores)
+    assert kernels.variant == cpu_variants.best(FLAGS, among=SHIPPED), (kernels, sorted(FLAGS))
+    # where the operating system enables everything CPUID reports, that is ggml's own choice
+    if all(cpu_variants.runs(name, FLAGS) for name, score in scores.items() if score):
+        assert kernels.variant == max(scores, key=scores.get), scores
     assert kernels.library == f"libggml-cpu-{kernels.variant}.so"
     assert kernels.backends == ("CPU",)
-    flags = cpu_flags()
-    isa = [f for f in kernels.features if f in CPUINFO]
-    assert isa and all(CPUINFO[f] in flags for f in isa), (isa, sorted(flags & set(CPUINFO.values())))
-    # every instruction set this CPU has and some variant is built for is used (zen4, icelake... have no AMX)
-    for feature in ("AVX2", "AVX512", "AVX512_VNNI"):
-        assert (feature in kernels.features) == (CPUINFO[feature] in flags), feature
+    # the instruction sets the kernels report are those the variant declares (ggml names neither SSE42 nor
+    # AMX_TILE among its features), and this CPU has each one
+    declared = set(cpu_variants.VARIANTS[kernels.variant])
+    reported = {f for f in kernels.features if f in cpu_variants.FLAGS}
+    assert reported <= declared and declared - reported <= {"SSE42", "AMX_TILE"}, (kernels.features, declared)
+    assert cpu_variants.runs(kernels.variant, FLAGS)
+
+
+def test_a_variant_the_os_does_not_enable_is_never_chosen(tmp_path):
+    """CPUID may report AVX-512 where the OS keeps its registers off (XCR0): ggml then scores skylakex as runnable,
+    and loading it would die of SIGILL. The kernel's flags rule it out, for auto and for a named variant."""
+    scores = {"x64": cpu_variants.score("x64"), "haswell": cpu_variants.score("haswell"),
+              "skylakex": cpu_variants.score("skylakex")}
+    avx2_only = frozenset(flag for feature in cpu_variants.VARIANTS["haswell"] for flag in cpu_variants.FLAGS[feature])
+    assert backends.choose("auto", scores, avx2_only, tmp_path) == "haswell"
+    assert backends.choose("auto", scores, None, tmp_path) == "skylakex", "without flags, ggml's word"
+    with pytest.raises(BackendUnavailable, match="the operating system does not enable instructions that "
+                                                 "llama.cpp's skylakex kernels need; variants this CPU runs: "
+                                                 "x64, haswell"):
+        backends.choose("skylakex", scores, avx2_only, tmp_path)
+    with pytest.raises(BackendUnavailable, match="the operating system enables the instructions of none of skylakex"):
+        backends.choose("auto", {"skylakex": scores["skylakex"]}, avx2_only, tmp_path)
 
 
 def test_results_and_ping_name_the_kernels(client, example, engine):
@@ -126,7 +142,8 @@ def test_a_named_variant_this_cpu_cannot_run_or_that_does_not_exist_is_refused(t
     detail = failed_start(model_dir, folder, ADAPTER_CPU_VARIANT="future")
     assert "ADAPTER_CPU_VARIANT=future: this CPU lacks instructions that llama.cpp's future kernels need" in detail
     detail = failed_start(model_dir, LIB, ADAPTER_CPU_VARIANT="pentium")
-    assert "ADAPTER_CPU_VARIANT=pentium names no CPU variant of this build" in detail and "zen4" in detail, detail
+    assert "ADAPTER_CPU_VARIANT=pentium names no CPU variant of this build" in detail
+    assert cpu_variants.BASELINE in detail, detail
 
 
 def test_a_bad_variant_name_is_refused_before_start(tmp_path, model_dir):

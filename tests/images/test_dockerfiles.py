@@ -8,6 +8,7 @@ images reset the base's LD_LIBRARY_PATH so that the adapter loads the llama.cpp 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 import subprocess
@@ -154,17 +155,22 @@ def test_both_images_run_serve_unprivileged(dockerfile):
     assert runtime.arguments("CMD") == ['["serve"]'] and runtime.arguments("ENTRYPOINT") == ["[]"]
 
 
-def makefile_variable(name: str) -> str:
-    text = (CONTAINER.parent / "Makefile").read_text().replace("\\\n", " ")
-    (value,) = re.findall(rf"^{name} := (.*)$", text, flags=re.M)
-    return " ".join(value.split())
+def llama_wheel():
+    """container/llama_wheel.py, the builder of the wheels `make` installs and `make image-test` hands in."""
+    spec = importlib.util.spec_from_file_location("llama_wheel", CONTAINER / "llama_wheel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_the_cpu_image_compiles_llama_cpp_as_the_makefile_does():
-    """The image built from source and the wheel `make` builds (the one make image-test hands in) carry the same
-    kernels: every CPU variant, loaded at start-up (engine/backends.py)."""
+def test_the_cpu_image_compiles_llama_cpp_as_the_wheel_builder_does():
+    """The image built from source and the wheel `make image-test` hands in carry the same kernels: every CPU
+    variant, loaded at start-up (engine/backends.py)."""
     cpu = parse(CONTAINER / "Dockerfile")
     (flags,) = [args for args in cpu.stages[-1].arguments("ARG") if args.startswith("LLAMA_CMAKE_ARGS=")]
     image_flags = flags.split("=", 1)[1].strip('"')
-    assert image_flags == makefile_variable("LLAMA_CMAKE_ARGS")
+    builder = llama_wheel()
+    assert image_flags == builder.IMAGE_CMAKE_ARGS
+    # the image's variant set is ggml's whole list, built from the unedited flags
+    assert builder.cmake_args(builder.IMAGE_CMAKE_ARGS, builder.resolve_variants("all")) == image_flags
     assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_NATIVE=OFF"} <= set(image_flags.split())

@@ -1,12 +1,14 @@
 """llama.cpp's compute backends: which CPU kernels this process runs, chosen and loaded before any model.
 
-The CPU build is llama.cpp's release layout (``GGML_BACKEND_DL`` and ``GGML_CPU_ALL_VARIANTS``, Makefile): every
-x86-64 CPU variant of ggml's CPU backend (x64, sse42, sandybridge, ..., haswell, skylakex, icelake, cooperlake,
-zen4, alderlake, sapphirerapids) is its own library ``libggml-cpu-<variant>.so`` beside ``libllama.so``. ggml
-scores each against the CPU it runs on (``ggml_backend_score``: 0 where an instruction it was compiled for is
-missing) and loads the best (``ggml_backend_load_all_from_path``). llama-cpp-python binds none of this, and
-``llama_backend_init`` would only search the Python executable's folder and the working directory, so ``load``
-calls ggml through ctypes with the folder the loaded ``libllama`` came from, before the first model loads.
+The CPU build is llama.cpp's release layout (``GGML_BACKEND_DL`` and ``GGML_CPU_ALL_VARIANTS``,
+container/llama_wheel.py): each x86-64 CPU variant of ggml's CPU backend (x64, sse42, sandybridge, ..., haswell,
+skylakex, icelake, cooperlake, zen4, alderlake, sapphirerapids; the image ships all, a local build the baseline and
+the best for its machine) is its own library ``libggml-cpu-<variant>.so`` beside ``libllama.so``. ggml scores each
+against the CPU it runs on (``ggml_backend_score``: 0 where an instruction it was compiled for is missing);
+``load`` loads the best of those the operating system also enables (``choose``, ``cpu_variants``). llama-cpp-python
+binds none of this, and ``llama_backend_init`` would only search the Python executable's folder and the working
+directory, so ``load`` calls ggml through ctypes with the folder the loaded ``libllama`` came from, before the
+first model loads.
 
 ``ADAPTER_CPU_VARIANT`` may name one variant instead of ``auto`` (the same kernels, so the same answers bit for bit,
 on every instance of a mixed fleet); ggml refuses it on a CPU that lacks its instructions. A build whose CPU backend
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import llama_cpp as llama
 
+from . import cpu_variants
 from .errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
@@ -90,7 +93,6 @@ def _ggml() -> tuple[ctypes.CDLL, Path]:
     libllama = library_of(ctypes.cast(llama.llama_backend_init, ctypes.c_void_p).value)
     lib = ctypes.CDLL(str(libllama))  # already loaded under this name: the same handle
     signatures = {
-        "ggml_backend_load_all_from_path": ([ctypes.c_char_p], None),
         "ggml_backend_load": ([ctypes.c_char_p], ctypes.c_void_p),
         "ggml_backend_reg_count": ([], ctypes.c_size_t),
         "ggml_backend_reg_get": ([ctypes.c_size_t], ctypes.c_void_p),
@@ -134,8 +136,8 @@ def probe(path: Path) -> int:
 
 
 def load(variant: str = "auto") -> Kernels:
-    """Load the CPU backend once per process: the best variant for this CPU (``auto``) or the one named, and every
-    other backend the folder holds where ``auto``; then describe it. A second call returns the first's result,
+    """Load the CPU backend once per process: the best variant for this CPU (``auto``) or the one named; then
+    describe it. A second call returns the first's result,
     and refuses a different variant (ggml cannot swap the kernels under a loaded model)."""
     global _loaded
     with _lock:
@@ -160,24 +162,46 @@ def _load(variant: str) -> Kernels:
     if not files:
         raise BackendUnavailable(f"no CPU backend in {folder}: llama.cpp's variants (libggml-cpu-<variant>.so) are "
                                  f"missing; rebuild llama-cpp-python with -DGGML_BACKEND_DL=ON "
-                                 f"-DGGML_CPU_ALL_VARIANTS=ON (Makefile LLAMA_CMAKE_ARGS)")
+                                 f"-DGGML_CPU_ALL_VARIANTS=ON (container/llama_wheel.py)")
     # ggml skips a variant it cannot load, and would run a weaker one without a word: a damaged install fails here.
     scores = {name: probe(path) for name, path in files.items()}
-    if variant == "auto":
-        ggml.ggml_backend_load_all_from_path(os.fsencode(folder))
-    elif variant not in files:
-        raise BackendUnavailable(f"ADAPTER_CPU_VARIANT={variant} names no CPU variant of this build; it has "
-                                 f"{', '.join(files)} (or auto)")
-    elif scores[variant] == 0:
-        raise BackendUnavailable(f"ADAPTER_CPU_VARIANT={variant}: this CPU lacks instructions that llama.cpp's "
-                                 f"{variant} kernels need; variants this CPU runs: "
-                                 f"{', '.join(n for n, s in scores.items() if s) or 'none'} (or auto)")
-    elif not ggml.ggml_backend_load(os.fsencode(files[variant])):
-        raise BackendUnavailable(f"llama.cpp refused its CPU backend {files[variant]}")
+    chosen = choose(variant, scores, cpu_variants.cpu_flags(), folder)
+    if not ggml.ggml_backend_load(os.fsencode(files[chosen])):
+        raise BackendUnavailable(f"llama.cpp refused its CPU backend {files[chosen]}")
     if not ggml.ggml_backend_reg_by_name(b"CPU"):
-        raise BackendUnavailable(f"no CPU variant in {folder} runs on this CPU (scores: "
-                                 f"{', '.join(f'{n}={s}' for n, s in scores.items())})")
+        raise BackendUnavailable(f"llama.cpp's CPU backend {files[chosen]} registered no CPU device")
     return _describe(ggml)
+
+
+def choose(variant: str, scores: dict[str, int], flags: frozenset[str] | None, folder: Path) -> str:
+    """The variant to load: the one named, or (``auto``) the best by ggml's score among those this CPU runs.
+
+    ggml's score reads CPUID alone; a variant whose instructions the operating system does not enable (AVX-512
+    state off in XCR0: Linux then lists no avx512 flag in /proc/cpuinfo) scores as runnable there and dies of
+    SIGILL at its first kernel, so the kernel's flags (``flags``; None where unknown) rule such a variant out.
+    Variants this module does not know (``cpu_variants.VARIANTS``) are taken at ggml's word."""
+    def os_refuses(name: str) -> bool:
+        return flags is not None and name in cpu_variants.VARIANTS and not cpu_variants.runs(name, flags)
+
+    if variant != "auto":
+        if variant not in scores:
+            raise BackendUnavailable(f"ADAPTER_CPU_VARIANT={variant} names no CPU variant of this build; it has "
+                                     f"{', '.join(scores)} (or auto)")
+        if scores[variant] == 0 or os_refuses(variant):
+            why = "this CPU lacks" if scores[variant] == 0 else "the operating system does not enable"
+            raise BackendUnavailable(f"ADAPTER_CPU_VARIANT={variant}: {why} instructions that llama.cpp's "
+                                     f"{variant} kernels need; variants this CPU runs: "
+                                     f"{', '.join(n for n, s in scores.items() if s and not os_refuses(n)) or 'none'}"
+                                     f" (or auto)")
+        return variant
+    runnable = {name: score for name, score in scores.items() if score > 0 and not os_refuses(name)}
+    if not runnable:
+        refused = [n for n, s in scores.items() if s > 0]
+        raise BackendUnavailable(f"no CPU variant in {folder} runs on this CPU (scores: "
+                                 f"{', '.join(f'{n}={s}' for n, s in scores.items())}"
+                                 + (f"; the operating system enables the instructions of none of "
+                                    f"{', '.join(refused)}" if refused else "") + ")")
+    return max(runnable, key=runnable.__getitem__)
 
 
 def _describe(ggml: ctypes.CDLL) -> Kernels:
