@@ -143,6 +143,12 @@ def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
                 yield logical_id, statement
 
 
+def variant_instance_types(production_variant: dict[str, Any]) -> list[str]:
+    """The instance types a synthesized ProductionVariant runs on: its type, or its pools'."""
+    pools = production_variant.get("InstancePools")
+    return [pool["InstanceType"] for pool in pools] if pools else [production_variant["InstanceType"]]
+
+
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
