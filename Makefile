@@ -138,7 +138,8 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-$(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt tests/cdk/requirements.txt
+$(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt model_build/requirements.txt \
+		tests/cdk/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -r tests/cdk/requirements.txt
 	touch $@
