@@ -453,6 +453,23 @@ class MonitoringSettings(_Settings):
         0, 100, "a list of email addresses"))] = ()
 
 
+_GITHUB_REPOSITORY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
+_GITHUB_ENVIRONMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+
+
+class ReviewSettings(_Settings):
+    """The pull-request diff role (stacks/review_stack.py): which repository's workflow jobs, in which GitHub
+    environment, may assume it through GitHub's OIDC provider."""
+    # OWNER/REPO; null leaves the role out (synthesis warns), so that a fresh clone still synthesizes.
+    github_repository: Text(_GITHUB_REPOSITORY, "a GitHub repository as OWNER/REPO") | None = None
+    # The workflow's job runs in this GitHub environment (prod's has required reviewers); its OIDC token's sub is
+    # repo:OWNER/REPO:environment:NAME, the only one the role trusts.
+    github_environment: Text(_GITHUB_ENVIRONMENT, "a GitHub environment name")
+    # The account's IAM OIDC provider for token.actions.githubusercontent.com: created by this stack, or (false) one
+    # that exists already (an account has at most one per URL: set false in the second environment of an account).
+    create_oidc_provider: _checked(_boolean, bool) = True
+
+
 class EnvironmentConfig(_Settings):
     """``environments.<name>``; ``name`` is the chosen environment, account and region default to the CLI's."""
     name: str
@@ -469,6 +486,7 @@ class EnvironmentConfig(_Settings):
     artifacts: ArtifactSettings
     endpoint_log_retention_days: _checked(_log_retention, int)
     monitoring: MonitoringSettings = MonitoringSettings()
+    review: ReviewSettings
     # CloudFormation termination protection on every stack of the environment (cdk destroy refuses them).
     termination_protection: _checked(_boolean, bool) = False
 
@@ -501,6 +519,10 @@ class EnvironmentConfig(_Settings):
 
     def endpoint_stack_name(self, kind: str) -> str:
         return f"{self.name_prefix}-endpoint-{kind.replace('_', '-')}"
+
+    @property
+    def review_stack_name(self) -> str:
+        return f"{self.name_prefix}-review"
 
     @property
     def artifacts_stack_name(self) -> str:
