@@ -149,7 +149,8 @@ test-cdk: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m pytest -q tests/cdk tests/endpoint_client
 
 # The CloudFormation difference from BASE to the working tree, per stack of each environment, offline: both
-# synthesized by the pinned CLI with the same pins (deploy/diff.py). ENV=dev limits it to one environment.
+# synthesized by the pinned CLI, each with its own pins (the pins that differ printed first; deploy/diff.py).
+# ENV=dev limits it to one environment.
 BASE ?= main
 diff: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
