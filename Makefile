@@ -156,7 +156,8 @@ diff: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
 
 # README's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a pin
-# change, prod's termination protection, destroy --all (deploy/rehearse.py; make test runs it too).
+# change (its diff's calls checked against the review role), the acceptance command, prod's termination protection,
+# destroy --all (deploy/rehearse.py; make test runs it too). It ends with the acceptance report.
 rehearse: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.rehearse
 
