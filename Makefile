@@ -145,7 +145,8 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund
 	touch $@
 
-$(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt tests/cdk/requirements.txt
+$(VENV)/.cdk: stacks/requirements.txt endpoint_client/requirements.txt model_build/requirements.txt \
+		tests/cdk/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -r tests/cdk/requirements.txt
 	touch $@
@@ -155,13 +156,15 @@ test-cdk: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m pytest -q tests/cdk tests/endpoint_client
 
 # The CloudFormation difference from BASE to the working tree, per stack of each environment, offline: both
-# synthesized by the pinned CLI with the same pins (deploy/diff.py). ENV=dev limits it to one environment.
+# synthesized by the pinned CLI, each with its own pins (the pins that differ printed first; deploy/diff.py).
+# ENV=dev limits it to one environment.
 BASE ?= main
 diff: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
 
 # README's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a pin
-# change, prod's termination protection, destroy --all (deploy/rehearse.py; make test runs it too).
+# change (its diff's calls checked against the review role), the acceptance command, prod's termination protection,
+# destroy --all (deploy/rehearse.py; make test runs it too). It ends with the acceptance report.
 rehearse: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.rehearse
 

@@ -3,8 +3,8 @@
 
 The only place that reads CDK context and the CLI's environment: it parses ``environments.<env>`` from cdk.json
 once into a frozen EnvironmentConfig (stacks/config.py), builds the stacks of that environment (by lifecycle:
-``<name_prefix>-artifacts``, ``-build``, ``-monitoring``, and one ``-endpoint-<kind>`` per endpoint kind, from
-its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any
+``<name_prefix>-artifacts``, ``-build``, ``-monitoring``, ``-review`` (the pull-request diff role), and one
+``-endpoint-<kind>`` per endpoint kind, from its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any
 finding that is not acknowledged with a reason.
 """
 
@@ -29,6 +29,7 @@ from stacks.config import ConfigError, EnvironmentConfig, load_environment  # no
 from stacks.endpoint_specs import endpoint_specs  # noqa: E402
 from stacks.endpoint_stack import EndpointStack  # noqa: E402
 from stacks.monitoring_stack import MonitoringStack  # noqa: E402
+from stacks.review_stack import ReviewStack  # noqa: E402
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent
 MODEL_PINS_FILE = REPOSITORY_ROOT / "model_build" / "pins.json"
@@ -52,7 +53,7 @@ def build_app(*, context: Mapping[str, Any] | None = None, outdir: str | None = 
 
 
 def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
-    """The environment's stacks by key: artifacts, build, monitoring and endpoint-<slug> per endpoint kind."""
+    """The environment's stacks by key: artifacts, build, monitoring, review and endpoint-<slug> per endpoint kind."""
     prefix = config.name_prefix
     common = {"env": cdk.Environment(account=config.account, region=config.region),
               "termination_protection": config.termination_protection}
@@ -66,7 +67,10 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     specs = endpoint_specs(config)
     monitoring = MonitoringStack(app, f"{prefix}-monitoring", config=config, specs=specs, **common,
                                  description=f"{prefix}: alarm topic and dashboard of the endpoints")
-    stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "build": build, "monitoring": monitoring}
+    review = ReviewStack(app, config.review_stack_name, config=config, **common,
+                         description=f"{prefix}: the read-only role of pull requests' cdk diff")
+    stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "build": build, "monitoring": monitoring,
+                                    "review": review}
     for spec in specs:
         endpoint = EndpointStack(app, spec.stack_name, spec=spec, artifacts=artifacts,
                                  alarm_topic=monitoring.alarm_topic, name_prefix=prefix,

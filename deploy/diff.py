@@ -1,12 +1,14 @@
 """``make diff BASE=REV``: the CloudFormation difference a change makes, per stack, offline.
 
 The base revision (``git archive REV``) and the working tree (tracked and untracked files, as git sees them) are
-each copied to a temporary folder, given the same pins (deploy/pins.py: real formats; the example account and
-region where cdk.json must name one) and synthesized by the pinned CDK CLI, exactly as ``npx cdk synth`` runs the
-app. Then, per stack of each environment, ``npx cdk diff --app <working tree's assembly> --template <base's
-template> --exclusively STACK`` prints what would change, with no AWS account involved. A stack that only one side
-has is reported as added or removed. Exit 0 (the difference is printed, not judged), 2 when a side does not
-synthesize.
+each copied to a temporary folder and synthesized by the pinned CDK CLI, exactly as ``npx cdk synth`` runs the
+app. Each side keeps the pins its cdk.json has: a pin change, the most common deploy change, is what the diff must
+show, and a pin that only one side has stays missing on the other (a first pin shows as the endpoint it creates).
+Only a pin that neither side has gets a synthetic one, the same on both (deploy/pins.py: the builds' formats), and
+the example account, region and repository where cdk.json names none. The pins that differ are printed first,
+per environment; then, per stack, ``npx cdk diff --app <working tree's assembly> --template <base's template>
+--exclusively STACK`` prints what would change, with no AWS account involved. A stack that only one side has is
+reported as added or removed. Exit 0 (the difference is printed, not judged), 2 when a side does not synthesize.
 
 For a pull request against the deployed stacks (which needs read access to the account), see
 .github/workflows/cdk-diff.yml and README's "Review in pull requests".
@@ -24,9 +26,9 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from deploy.pins import EXAMPLE_REGION, pinned_cdk_json
+from deploy.pins import EXAMPLE_REGION, completed_contexts, pin_values
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 CLI = REPOSITORY_ROOT / "node_modules" / ".bin" / "cdk"
@@ -68,9 +70,25 @@ def export_working_tree(repo: Path, destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def pin(checkout: Path) -> None:
-    cdk_json = checkout / "cdk.json"
-    cdk_json.write_text(json.dumps(pinned_cdk_json(json.loads(cdk_json.read_text())), indent=2))
+def pin(base: Path, head: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Completes both checkouts' cdk.json for synthesis (deploy.pins.completed_contexts); returns their contexts as
+    they were."""
+    contents = [json.loads((checkout / "cdk.json").read_text()) for checkout in (base, head)]
+    completed = completed_contexts(contents[0]["context"], contents[1]["context"])
+    for checkout, content, context in zip((base, head), contents, completed):
+        (checkout / "cdk.json").write_text(json.dumps({**content, "context": context}, indent=2))
+    return contents[0]["context"], contents[1]["context"]
+
+
+def pin_changes(base: dict[str, Any], head: dict[str, Any], env: str) -> list[str]:
+    """One line per pin of the environment that differs between the two sides' cdk.json."""
+    def values(context):
+        environment = context.get("environments", {}).get(env)
+        return pin_values(environment) if environment is not None else {}
+    old, new = values(base), values(head)
+    shown = lambda value: "unpinned" if value is None else json.dumps(value, sort_keys=True)  # noqa: E731
+    return [f"  {key}: {shown(old.get(key))} -> {shown(new.get(key))}" for key in sorted(set(old) | set(new))
+            if old.get(key) != new.get(key)]
 
 
 def synthesize(checkout: Path, env: str, outdir: Path) -> list[str]:
@@ -106,12 +124,13 @@ def diff(repo: Path, base: str, environments: Sequence[str], out=sys.stdout) -> 
         sides = {"base": root / "base", "head": root / "head"}
         export_revision(repo, revision, sides["base"])
         export_working_tree(repo, sides["head"])
-        for checkout in sides.values():
-            pin(checkout)
+        contexts = dict(zip(sides, pin(sides["base"], sides["head"])))
         for env in environments:
             assemblies = {side: root / f"{side}-{env}.out" for side in sides}
             stacks = {side: synthesize(sides[side], env, assemblies[side]) for side in sides}
             print(f"=== -c env={env}: {base} ({revision[:12]}) -> working tree", file=out)
+            changes = pin_changes(contexts["base"], contexts["head"], env)
+            print("pins changed:\n" + "\n".join(changes) if changes else "pins unchanged", file=out)
             for stack in sorted(set(stacks["base"]) | set(stacks["head"])):
                 if stack not in stacks["head"]:
                     print(f"Stack {stack}\n[-] removed: the working tree no longer has this stack\n", file=out)

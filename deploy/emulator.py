@@ -32,6 +32,9 @@ skips are listed in README, "Deploy rehearsal"). The changes apply to the moto o
   execution role's DescribeAlarms statement, the endpoint's rollback alarms) cannot be created. The handler here
   creates, replaces and deletes the alarm through moto's own PutMetricAlarm/DeleteAlarms with the template's
   properties, so the rehearsal can check the alarms that were really created.
+- **AWS::IAM::OIDCProvider in templates.** moto's IAM implements OpenID Connect providers, but its CloudFormation
+  has no handler for the resource type, so the review stack's role, whose trust names the provider's ARN, cannot be
+  created. The handler here creates and deletes the provider through moto's own IAM with the template's properties.
 - **Termination protection.** moto implements neither UpdateTerminationProtection, which ``cdk deploy`` calls for
   a stack with ``terminationProtection``, nor its effect on DeleteStack. Both are added as CloudFormation documents
   them: the flag is stored and shown by DescribeStacks, and DeleteStack of a protected stack fails with
@@ -106,6 +109,7 @@ def _patch() -> None:
     sagemaker_models.FakeEndpoint.cloudformation_name_type = staticmethod(lambda: "EndpointName")
 
     _add_alarm_resource_type()
+    _add_oidc_provider_resource_type()
     backend = cfn_models.CloudFormationBackend
     execute_change_set = backend.execute_change_set
 
@@ -286,6 +290,65 @@ def _add_alarm_resource_type() -> None:
     assert parsing.resource_class_from_type("AWS::CloudWatch::Alarm") is CloudFormationAlarm
 
 
+def _add_oidc_provider_resource_type() -> None:
+    from moto.cloudformation import parsing
+    from moto.cloudformation.exceptions import UnformattedGetAttTemplateException
+    from moto.core.common_models import CloudFormationModel
+    from moto.iam.models import iam_backends
+
+    class CloudFormationOidcProvider(CloudFormationModel):
+        __module__ = "moto.iam.models"      # moto files its models by the service in the module's name
+
+        def __init__(self, provider: Any):
+            self.provider = provider
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return ""
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::IAM::OIDCProvider"
+
+        @classmethod
+        def has_cfn_attr(cls, attr: str) -> bool:
+            return attr == "Arn"
+
+        def get_cfn_attribute(self, attribute_name: str) -> Any:
+            if attribute_name == "Arn":
+                return self.provider.arn
+            raise UnformattedGetAttTemplateException()
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.provider.arn
+
+        def is_created(self) -> bool:
+            return True
+
+        @classmethod
+        def create_from_cloudformation_json(cls, resource_name: str, cloudformation_json: dict[str, Any],
+                                            account_id: str, region_name: str, **kwargs: Any) -> Any:
+            properties = cloudformation_json["Properties"]
+            provider = iam_backends[account_id]["global"].create_open_id_connect_provider(
+                url=properties["Url"], thumbprint_list=properties.get("ThumbprintList", []),
+                client_id_list=properties.get("ClientIdList", []), tags=properties.get("Tags", []))
+            return cls(provider)
+
+        @classmethod
+        def delete_from_cloudformation_json(cls, resource_name: str, cloudformation_json: dict[str, Any],
+                                            account_id: str, region_name: str) -> None:
+            iam_backends[account_id]["global"].delete_open_id_connect_provider(resource_name)
+
+        def delete(self, account_id: str, region_name: str) -> None:
+            iam_backends[account_id]["global"].delete_open_id_connect_provider(self.provider.arn)
+
+    parsing.get_model_list.cache_clear()
+    parsing.get_model_map.cache_clear()
+    parsing.get_name_type_map.cache_clear()
+    assert parsing.resource_class_from_type("AWS::IAM::OIDCProvider") is CloudFormationOidcProvider
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -298,7 +361,8 @@ def start(port: int | None = None):
     import warnings
     _patch()
     # One line per request and one warning per resource type moto skips (the rehearsal checks those itself).
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    # moto answers the operations it lacks (UpdateEndpoint, DescribeAlarmHistory) with a 500 and logs a traceback.
+    logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
     logging.getLogger("moto.cloudformation.parsing").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="Tried to parse .* but it's not supported by moto")
     from moto.server import ThreadedMotoServer

@@ -21,6 +21,8 @@ MODEL_PINS = REPOSITORY_ROOT / "model_build" / "pins.json"
 # assumed either would show.
 EXAMPLE_ACCOUNT = "111122223333"
 EXAMPLE_REGION = "eu-west-1"
+# The repository whose pull requests the review stack's role trusts, where cdk.json names none yet.
+EXAMPLE_REPOSITORY = "example-org/decision-models"
 IMAGE_KINDS = ("cpu", "gpu", "text_generation")
 
 
@@ -58,14 +60,53 @@ def needs_location(environment: dict[str, Any]) -> bool:
 
 def pinned_context(context: dict[str, Any], *, generation: int = 1, account: str = EXAMPLE_ACCOUNT,
                    region: str = EXAMPLE_REGION) -> dict[str, Any]:
-    """cdk.json's context with every environment pinned, and located where cdk.json must name a location."""
+    """cdk.json's context with every environment pinned, located where cdk.json must name a location, and given the
+    example repository where its review settings name none."""
     context = copy.deepcopy(context)
     for environment in context["environments"].values():
         environment["pins"] = pins_for(environment, generation)
+        review = environment.get("review", {})
+        if not review.get("github_repository"):
+            environment["review"] = {**review, "github_repository": EXAMPLE_REPOSITORY}
         if needs_location(environment):
             environment["account"] = environment.get("account") or account
             environment["region"] = environment.get("region") or region
     return context
+
+
+def completed_contexts(base: dict[str, Any], head: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two revisions' cdk.json contexts as ``make diff`` synthesizes them: each side keeps the pins it has, a pin that
+    neither side has gets the same synthetic one on both (so that their stacks can be compared at all), and a pin
+    that only one side has stays missing on the other, so that a first pin shows as the endpoint it creates. Both
+    are located and given the example repository as :func:`pinned_context` does."""
+    sides = [copy.deepcopy(base), copy.deepcopy(head)]
+    synthetic = [pinned_context(side) for side in sides]
+    for name in set(base.get("environments", {})) | set(head.get("environments", {})):
+        present = [side["environments"].get(name) for side in sides]
+        values = [pin_values(environment) if environment else {} for environment in present]
+        for environment, filled in zip(present, (s["environments"].get(name) for s in synthetic)):
+            if environment is None:
+                continue
+            pins = copy.deepcopy(environment.get("pins") or {})
+            pins.setdefault("images", {})
+            for key in (f"pins.images.{kind}" for kind in IMAGE_KINDS):
+                kind = key.rsplit(".", 1)[1]
+                if all(v.get(key) is None for v in values):
+                    pins["images"][kind] = filled["pins"]["images"][kind]
+            if all(v.get("pins.model") is None for v in values):
+                pins["model"] = filled["pins"]["model"]
+            environment["pins"] = pins
+            for key in ("account", "region", "review"):
+                environment[key] = filled.get(key)
+    return sides[0], sides[1]
+
+
+def pin_values(environment: dict[str, Any]) -> dict[str, Any]:
+    """{cdk.json key under pins: value or None} of one environment, for printing what a change does to them."""
+    pins = environment.get("pins") or {}
+    values = {f"pins.images.{kind}": (pins.get("images") or {}).get(kind) for kind in IMAGE_KINDS}
+    values["pins.model"] = pins.get("model")
+    return values
 
 
 def pinned_cdk_json(cdk_json: dict[str, Any], **options: Any) -> dict[str, Any]:

@@ -7,11 +7,17 @@ says localhost) and made-up credentials:
 1. ``npx cdk bootstrap``;
 2. ``npx cdk deploy -c env=dev --all``: every stack CREATE_COMPLETE, the artifacts stack's exports imported by the
    endpoint and build stacks, each endpoint InService on its pinned image and model;
-3. a pin change (new image digests), ``npx cdk diff`` showing it and ``npx cdk deploy --all`` again: the endpoint
-   stacks UPDATE_COMPLETE, each endpoint on a new EndpointConfig with the new image, the endpoint names unchanged;
-4. ``npx cdk deploy -c env=prod`` of prod's monitoring stack, and ``npx cdk destroy`` of it refused by its
+3. a pin change (new image digests), ``npx cdk diff --method template`` showing it (its API calls recorded by moto
+   and each evaluated against the review stack's role, deploy/iam_simulation.py: what a pull request's diff does
+   with that role) and ``npx cdk deploy --all`` again: the endpoint stacks UPDATE_COMPLETE, each endpoint on a new
+   EndpointConfig with the new image, the endpoint names unchanged;
+4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
+   each one moto cannot show says why;
+5. ``npx cdk deploy -c env=prod`` of prod's monitoring stack, and ``npx cdk destroy`` of it refused by its
    termination protection;
-5. ``npx cdk destroy -c env=dev --all``: every dev stack gone, and their exports.
+6. ``npx cdk destroy -c env=dev --all``: every dev stack gone, and their exports.
+
+It ends with the acceptance report of step 4.
 
 moto stands in for the services (deploy/emulator.py says where it was made to behave like AWS, and README which
 resource types it lacks and only records). Exit 0 when every step and check passed, 1 otherwise.
@@ -30,14 +36,14 @@ from typing import Any, Callable
 
 import boto3
 
-from deploy import emulator
+from deploy import emulator, iam_simulation
 from deploy.pins import image_digest, pinned_cdk_json
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 CLI = REPOSITORY_ROOT / "node_modules" / ".bin" / "cdk"
 ACCOUNT = "123456789012"        # moto's account: what STS answers for any credentials
 REGION = "eu-west-1"
-APP_FILES = ("app.py", "stacks", "container", "model_build", "package.json")
+APP_FILES = ("app.py", "stacks", "container", "model_build", "endpoint_client", "examples", "package.json")
 # Resource types of the stacks that moto's CloudFormation records but does not create (README lists them).
 MOTO_LACKS = {
     "AWS::ApplicationAutoScaling::ScalableTarget": "the endpoints' auto scaling",
@@ -48,6 +54,52 @@ MOTO_LACKS = {
     "AWS::S3::BucketPolicy": "the buckets' TLS-only and log-delivery policies",
     "AWS::SNS::TopicPolicy": "the alarm topic's policy",
 }
+
+
+def review_requests(recording: str, stacks: dict[str, dict[str, Any]], account: str, region: str
+                    ) -> tuple[list[iam_simulation.Request], set[str]]:
+    """The IAM requests of the calls in a moto recording (one JSON request per line), and the roles the CLI tried to
+    assume (sts:AssumeRole, which the review role may not: on AWS the CLI then goes on with its own credentials)."""
+    import base64
+    import re
+    from urllib.parse import parse_qs, urlsplit
+    requests, assumed = [], set()
+    for line in filter(None, recording.splitlines()):
+        entry = json.loads(line)
+        headers = {k.lower(): v for k, v in entry["headers"].items()}
+        scope = re.search(r"Credential=[^/]+/\d+/[^/]+/([^/]+)/aws4_request", headers.get("authorization", ""))
+        if scope is None:
+            continue
+        service = scope[1]
+        body = entry.get("body") or ""
+        if entry.get("body_encoded"):
+            body = base64.b64decode(body).decode(errors="replace")
+        target = headers.get("x-amz-target")
+        if target:
+            operation, params = target.split(".", 1)[1], json.loads(body or "{}")
+        else:
+            form = {k: v[0] for k, v in parse_qs(body).items()} or \
+                {k: v[0] for k, v in parse_qs(urlsplit(entry["url"]).query).items()}
+            operation, params = form.get("Action", ""), form
+        if service == "sts":
+            if operation == "AssumeRole":
+                assumed.add(params.get("RoleArn", "?"))
+            continue        # GetCallerIdentity needs no permission
+        source = f"cdk diff: {service} {operation}"
+        if service == "cloudformation":
+            name = params.get("StackName")
+            if name is None:
+                resource = "*"
+            else:
+                stack = stacks.get(name) or next((s for s in stacks.values() if s["StackId"] == name), None)
+                resource = stack["StackId"] if stack else \
+                    f"arn:aws:cloudformation:{region}:{account}:stack/{name}/00000000-0000-0000-0000-000000000000"
+        elif service == "ssm":
+            resource = f"arn:aws:ssm:{region}:{account}:parameter/{params.get('Name', '').lstrip('/')}"
+        else:
+            resource = "*"
+        requests.append(iam_simulation.Request(f"{service}:{operation}", resource, source=source))
+    return requests, assumed
 
 
 class RehearsalFailed(AssertionError):
@@ -66,6 +118,7 @@ class Rehearsal:
         self.checkout = workdir / "app"
         self.session = boto3.session.Session(aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal",
                                              region_name=REGION)
+        self.acceptance: list[str] = []
 
     # --- setting up -------------------------------------------------------------------------------------------
 
@@ -116,8 +169,8 @@ class Rehearsal:
 
     def stack_names(self, env: str) -> list[str]:
         prefix = json.loads((self.checkout / "cdk.json").read_text())["context"]["environments"][env]["name_prefix"]
-        return [f"{prefix}-{kind}" for kind in ("artifacts", "build", "monitoring", "endpoint-cpu", "endpoint-gpu",
-                                                "endpoint-text-generation")]
+        return [f"{prefix}-{kind}" for kind in ("artifacts", "build", "monitoring", "review", "endpoint-cpu",
+                                                "endpoint-gpu", "endpoint-text-generation")]
 
     def endpoint_images(self, endpoint_name: str) -> tuple[str, str]:
         """(EndpointConfig name, the image of its model) of a deployed endpoint."""
@@ -176,9 +229,14 @@ class Rehearsal:
 
         self.log("3. a pin change: diff, then deploy dev --all")
         self.write_app(generation=2)
-        # As the pull-request workflow runs it: against the deployed template (moto cannot delete a diff change set).
-        diff = self.cdk("diff", "-c", "env=dev", "decision-dev-endpoint-cpu", "--exclusively", "--method", "template")
+        # As the pull-request workflow runs it: against the deployed templates (moto cannot delete a diff change set),
+        # its calls recorded, then evaluated against the review role it runs with there.
+        self.recorder("reset-recording")
+        self.recorder("start-recording")
+        diff = self.cdk("diff", "-c", "env=dev", "--all", "--method", "template")
+        self.recorder("stop-recording")
         check(image_digest("cpu", 2) in diff.stdout + diff.stderr, "the diff does not show the new cpu digest")
+        self.check_review_role(self.recorder("download-recording"))
         self.cdk("deploy", "-c", "env=dev", "--all", "--require-approval", "never")
         stacks = self.stacks()
         for name in dev:
@@ -190,7 +248,10 @@ class Rehearsal:
             check(image.endswith("@" + image_digest(kind, 2)), f"{endpoint_name} still runs {image}")
             check(config_name != first[kind], f"{endpoint_name} kept its EndpointConfig {config_name}")
 
-        self.log("4. prod: termination protection refuses a destroy")
+        self.log("4. acceptance -c env=dev (moto)")
+        self.acceptance = self.accept()
+
+        self.log("5. prod: termination protection refuses a destroy")
         protected = "decision-prod-monitoring"
         self.cdk("deploy", "-c", "env=prod", protected, "--exclusively", "--require-approval", "never")
         stack = self.stacks()[protected]
@@ -200,24 +261,72 @@ class Rehearsal:
               f"destroy failed for another reason:\n{(refused.stdout + refused.stderr)[-3000:]}")
         check(self.stacks().get(protected, {}).get("StackStatus") == "CREATE_COMPLETE", f"{protected} is gone")
 
-        self.log("5. destroy dev --all")
+        self.log("6. destroy dev --all")
         self.cdk("destroy", "-c", "env=dev", "--all", "--force")
         remaining = [name for name in dev if name in self.stacks()]
         check(not remaining, f"still there after destroy: {remaining}")
         check(not [name for name in self.exports() if name.startswith("decision-dev-")],
               f"exports left: {sorted(self.exports())}")
 
+        self.log("acceptance report (step 4; python -m endpoint_client acceptance -c env=dev --emulator moto):")
+        for line in self.acceptance:
+            self.log(f"  {line}")
+
+    # --- the review role and the acceptance command -------------------------------------------------------------
+
+    def recorder(self, action: str) -> str:
+        """moto's request recorder (/moto-api/recorder/<action>)."""
+        import urllib.request
+        method = "GET" if action == "download-recording" else "POST"
+        with urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/recorder/{action}", method=method,
+                                                           data=None if method == "GET" else b""), timeout=30) as r:
+            return r.read().decode()
+
+    def check_review_role(self, recording: str) -> None:
+        """Every call the CLI made during the diff, as the deployed review role: allowed by that role's policies."""
+        iam = self.client("iam")
+        role = iam.get_role(RoleName="decision-dev-cdk-diff")["Role"]
+        policies = [iam.get_role_policy(RoleName=role["RoleName"], PolicyName=name)["PolicyDocument"]
+                    for name in iam.list_role_policies(RoleName=role["RoleName"])["PolicyNames"]]
+        requests, assumed = review_requests(recording, self.stacks(), ACCOUNT, REGION)
+        check(requests, "the diff made no API call moto recorded")
+        verdicts = iam_simulation.evaluate(role["Arn"], ACCOUNT, requests,
+                                           identity_policies=[p if isinstance(p, dict) else json.loads(p)
+                                                              for p in policies])
+        denied = iam_simulation.denied(verdicts)
+        check(not denied, "the review role does not allow what cdk diff --method template calls:\n" + "\n".join(denied))
+        actions = sorted({r.action for r in requests})
+        self.log(f"  the diff's {len(requests)} calls ({', '.join(actions)}) are allowed by decision-dev-cdk-diff"
+                 + (f"; it also tried sts:AssumeRole on {', '.join(sorted(assumed))}, which that role may not"
+                    if assumed else ""))
+
+    def accept(self) -> list[str]:
+        command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",
+                   "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json"), "--wait", "0",
+                   "--rollback-drill", "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]
+        done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
+                              timeout=600)
+        lines = done.stdout.strip().splitlines()
+        check(done.returncode == 0, f"acceptance exited {done.returncode}:\n{done.stdout[-4000:]}{done.stderr[-2000:]}")
+        states = {line.split()[0] for line in lines[:-1]}
+        check(states <= {"proved", "unprovable", "warn", "skipped"} and "unprovable" in states,
+              f"acceptance reported {sorted(states)}:\n{done.stdout[-4000:]}")
+        self.log(f"  {lines[-1]}")
+        return lines
+
 
 def rehearse(log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
     if not CLI.exists():
         raise RehearsalFailed("the aws-cdk CLI is not installed: run make node_modules/.installed (npm ci)")
-    server, port = emulator.start()
     started = time.monotonic()
-    try:
-        with tempfile.TemporaryDirectory(prefix="cdk-rehearsal-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="cdk-rehearsal-") as workdir:
+        # moto's request recorder (step 3) writes where this says, read when its server starts.
+        os.environ["MOTO_RECORDER_FILEPATH"] = str(Path(workdir) / "moto-recording.jsonl")
+        server, port = emulator.start()
+        try:
             Rehearsal(Path(workdir), port, log).run()
-    finally:
-        server.stop()
+        finally:
+            server.stop()
     log(f"rehearsal passed in {time.monotonic() - started:.0f} s")
 
 

@@ -10,5 +10,9 @@
 - ``transform -c env=NAME --endpoint cpu --input s3://...`` (``transform``): a Batch Transform job on an endpoint
   stack's model, waited for.
 
-``deployment`` is what the last two share: cdk.json read with the CDK app's own validation, and stack outputs.
+- ``acceptance -c env=NAME`` (``acceptance``): after a deploy, the checks only a real account can make: each
+  endpoint answers, its log line and log metric, every alarm's metric, storage, alarm delivery, and on request a
+  rollback drill.
+
+``deployment`` is what the operator commands share: cdk.json read with the CDK app's own validation, and stack outputs.
 """

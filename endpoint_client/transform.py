@@ -16,7 +16,9 @@ from the model's environment; SageMaker's maximum, 3,600 s, unless set) and one 
 (``InvocationsMaxRetries``): a mini-batch is answered record by record, bad records as error lines, so a retry
 helps only when the container itself failed.
 
-The model's execution role reads only ``batch/input/`` and writes only ``batch/output/`` of the artifact bucket
+Only the CPU model runs: transform hosts offer NVIDIA drivers 470 and 535 (``TransformAmiVersion``), and the GPU
+image links CUDA 13, which needs driver 580 or later, so ``--endpoint gpu`` is refused with that reason before any
+job is created. The model's execution role reads only ``batch/input/`` and writes only ``batch/output/`` of the artifact bucket
 (stacks/endpoint_stack.py); the command refuses other locations rather than start a job that fails later. It
 waits, printing the job's status and how many input files have their output, then prints the output location
 (JSON on stdout). Exit codes: 0 completed (or started, with --no-wait), 1 failed or stopped, 2 bad arguments or
@@ -38,7 +40,8 @@ from botocore.exceptions import ClientError, NoCredentialsError, PartialCredenti
 
 from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Aws, CommandError,
                                         add_common_arguments, aws_for, error_code, load_config, stack_outputs)
-from stacks.config import ADAPTER_KINDS, BATCH_INPUT_PREFIX as INPUT_PREFIX
+from stacks import instance_types
+from stacks.config import ADAPTER_KINDS, BATCH_INPUT_PREFIX as INPUT_PREFIX, TRANSFORM_KINDS
 from stacks.config import BATCH_OUTPUT_PREFIX as OUTPUT_PREFIX, TRANSFORM_LOG_GROUP
 
 JSON_LINES = "application/jsonlines"
@@ -131,6 +134,20 @@ class TransformPlan:
         return request
 
 
+def refuse_gpu_model(kind: str) -> None:
+    """Batch Transform hosts run the drivers of TransformAmiVersion (470, 535), which cannot run the GPU image's
+    CUDA: the job would start, and the model would fall back to the CPU or fail. Refused before anything is made."""
+    if kind in TRANSFORM_KINDS:
+        return
+    drivers = ", ".join(str(d) for d in sorted(instance_types.GPU_TRANSFORM_AMIS.values()))
+    cuda = instance_types.GPU_IMAGE_CUDA_VERSION
+    raise CommandError(
+        f"--endpoint {kind}: the GPU model does not run in Batch Transform: transform hosts offer NVIDIA drivers "
+        f"{drivers} (TransformAmiVersion), and the GPU image is built with CUDA {cuda}, which needs driver "
+        f"{instance_types.driver_for_cuda(cuda)} or later. Run the job on the CPU model (--endpoint cpu), or invoke "
+        f"the GPU endpoint in real time")
+
+
 def plan(args: argparse.Namespace, aws: Aws, config: Any, now: datetime) -> TransformPlan:
     cloudformation = aws.client("cloudformation")
     bucket = stack_outputs(cloudformation, config.artifacts_stack_name, ["ArtifactBucketName"])["ArtifactBucketName"]
@@ -215,7 +232,8 @@ def main(argv: Sequence[str]) -> int:
                     "(SplitType Line, batches as the container sizes them, AssembleWith Line) and wait for it.")
     add_common_arguments(parser)
     parser.add_argument("--endpoint", choices=ADAPTER_KINDS, default="cpu",
-                        help="whose stack's model to run (default cpu)")
+                        help="whose stack's model to run (default cpu; gpu is refused: transform hosts' NVIDIA "
+                             "drivers cannot run the GPU image)")
     parser.add_argument("--input", required=True, help="s3://<artifact bucket>/batch/input/<prefix>/")
     parser.add_argument("--output", help="default s3://<artifact bucket>/batch/output/<job name>/")
     parser.add_argument("--job-name", help="default <endpoint name>-<UTC time>")
@@ -233,6 +251,7 @@ def main(argv: Sequence[str]) -> int:
         report("--instance-count and --max-payload-mb must be at least 1")
         return EXIT_USAGE
     try:
+        refuse_gpu_model(args.endpoint)
         config = load_config(args)
         aws = aws_for(args, config)
         job = plan(args, aws, config, datetime.now(timezone.utc))

@@ -7,13 +7,17 @@
 - ``TextGenerationMirror``: copies the pinned llama.cpp DLC image into the image repository byte for byte
   (SageMaker pulls only from private ECR), so its digest stays the public one.
 
-Sources are CDK assets (only ``model_build/`` resp. ``container/``). Each project has its own role, and that
-role has exactly the statements written here: the projects get an immutable view of it, so CodeBuild's L2
+Sources are CDK assets (only ``model_build/`` resp. ``container/``). Each project has a fixed name
+(``<prefix>-model-build``, ``-cpu-image-build``, ``-gpu-image-build``, ``-text-generation-mirror``) and its own role,
+which CodeBuild may assume only for that project of this account (``aws:SourceAccount``, ``aws:SourceArn``), and
+that role has exactly the statements written here (tests/cdk/test_cdk_role_calls.py runs every call each build
+makes against them): the projects get an immutable view of it, so CodeBuild's L2
 construct cannot add its defaults (report groups, wildcard asset reads).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -88,6 +92,8 @@ class BuildStack(cdk.Stack):
                 compute=codebuild.ComputeType.LARGE, timeout=cdk.Duration.minutes(timeout), privileged=True)
             role = project.role_with_policies
             repository.grant_pull_push(role)
+            # container/buildspec.yml reads the pushed manifest's media type and digest back from ECR.
+            repository.grant(role, "ecr:DescribeImages")
             digest_records = f"{IMAGE_DIGEST_PREFIX}{flavor}/*"
             role.add_to_policy(iam.PolicyStatement(
                 sid="RecordImageDigests", actions=["s3:PutObject"],
@@ -128,8 +134,16 @@ class BuildStack(cdk.Stack):
     def _project(self, construct_id: str, *, description: str, source: s3_assets.Asset | None,
                  buildspec: str | codebuild.BuildSpec, environment: dict[str, str],
                  compute: codebuild.ComputeType, timeout: cdk.Duration, privileged: bool = False) -> "_Project":
-        role = iam.Role(self, f"{construct_id}Role", assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
-                        description=f"{self._config.name_prefix}: {description}")
+        # A fixed name, so that the role's trust can name its one project (the name is ModelBuild ->
+        # <prefix>-model-build, CpuImageBuild -> <prefix>-cpu-image-build, ...).
+        project_name = f"{self._config.name_prefix}-{_kebab(construct_id)}"
+        project_arn = cdk.Arn.format(cdk.ArnComponents(service="codebuild", resource="project",
+                                                       resource_name=project_name), self)
+        # Confused-deputy protection: CodeBuild may assume the role only for this account's project of that name.
+        role = iam.Role(self, f"{construct_id}Role", assumed_by=iam.ServicePrincipal(
+            "codebuild.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID},
+                                                   "ArnLike": {"aws:SourceArn": project_arn}}),
+            description=f"{self._config.name_prefix}: {description}")
         log_group = logs.LogGroup(self, f"{construct_id}Logs", removal_policy=cdk.RemovalPolicy.DESTROY,
                                   retention=retention_days(self._config.build.log_retention_days))
         log_group.grant_write(role)
@@ -143,7 +157,7 @@ class BuildStack(cdk.Stack):
                 sid="LocateSourceBucket", actions=["s3:GetBucketLocation", "s3:GetBucketAcl"],
                 resources=[source.bucket.bucket_arn]))
         project = codebuild.Project(
-            self, construct_id,
+            self, construct_id, project_name=project_name,
             description=f"{self._config.name_prefix}: {description}",
             role=role.without_policy_updates(),
             source=None if source is None else codebuild.Source.s3(bucket=source.bucket, path=source.s3_object_key),
@@ -160,6 +174,10 @@ class BuildStack(cdk.Stack):
         # The role's policy must exist before CloudFormation creates the project (CodeBuild checks the role).
         project.node.add_dependency(policy_of(role))
         return _Project(project=project, role_with_policies=role, log_group=log_group)
+
+
+def _kebab(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", name).lower()
 
 
 class _Project:

@@ -32,8 +32,12 @@ BATCH_OUTPUT_PREFIX = "batch/output/"
 TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
 
 ENDPOINT_KINDS = ("cpu", "gpu", "text_generation")
-# The kinds the decision adapter serves (the other is llama-server); only they take Batch Transform jobs.
+# The kinds the decision adapter serves (the other is llama-server).
 ADAPTER_KINDS = ("cpu", "gpu")
+# The kinds whose Model a Batch Transform job runs: the CPU adapter's. Transform hosts offer NVIDIA drivers 470 and
+# 535 only (TransformAmiVersion), which cannot run the GPU image's CUDA 13 (driver 580 or later), so
+# `python -m endpoint_client transform` refuses the GPU model (endpoint_client/transform.py).
+TRANSFORM_KINDS = ("cpu",)
 # The tag `python -m endpoint_client check-pins --protect` adds to each pinned image in the project repository
 # (pinned-<digest hex>); the repository's first lifecycle rule never expires images tagged so.
 PINNED_TAG_PREFIX = "pinned-"
@@ -235,7 +239,7 @@ class _Settings(BaseModel):
 
 
 class EndpointSettings(_Settings):
-    """What every endpoint has: instance counts, target tracking, container timeouts and the latency target."""
+    """What every endpoint has: instance counts, target tracking and container timeouts."""
     initial_instance_count: Integer(1, 100)
     max_instance_count: Integer(1, 100)
     # Target tracking on SageMakerVariantInvocationsPerInstance (per minute), one target per instance type the
@@ -250,10 +254,6 @@ class EndpointSettings(_Settings):
     # Auto scaling registered (ScalableTarget and target tracking). false for the one deploy that changes the
     # instance type or the pools: SageMaker refuses UpdateEndpoint on a variant registered with auto scaling.
     autoscaling: _checked(_boolean, bool) = True
-    # The ModelLatency p99 (milliseconds) above which the latency alarm fires, per instance type; the alarm uses the
-    # highest (the slowest pool's). Derived in stacks/sizing.py; at most SageMaker's 60 s invocation timeout.
-    model_latency_p99_ms: Annotated[dict[str, Integer(10, 60_000)], BeforeValidator(_object(
-        "an object mapping each instance type of the endpoint to its ModelLatency p99 alarm threshold in ms"))]
 
     @property
     def variant_instance_types(self) -> tuple[str, ...]:
@@ -265,11 +265,6 @@ class EndpointSettings(_Settings):
         """The slowest instance type's target: a fleet that fell back to it must not be loaded like a faster one."""
         return min(self.target_invocations_per_instance[t] for t in self.variant_instance_types)
 
-    @property
-    def latency_threshold_ms(self) -> int:
-        """The slowest instance type's threshold: a fallback to it during an update must not roll the update back."""
-        return max(self.model_latency_p99_ms[t] for t in self.variant_instance_types)
-
     def _own_problems(self) -> list:
         """Cross-field problems particular to a kind, as _field_problems takes them."""
         return []
@@ -277,7 +272,7 @@ class EndpointSettings(_Settings):
     @model_validator(mode="after")
     def _cross_field_checks(self):
         problems = self._own_problems()
-        for key, what in (("target_invocations_per_instance", "target"), ("model_latency_p99_ms", "threshold")):
+        for key, what in (("target_invocations_per_instance", "target"),):
             per_type = getattr(self, key)
             for instance_type in self.variant_instance_types:
                 if instance_type not in per_type:
@@ -291,9 +286,10 @@ class EndpointSettings(_Settings):
             problems.append((("initial_instance_count",), f"{self.initial_instance_count} is above "
                              f"max_instance_count ({self.max_instance_count})", self.initial_instance_count))
         threads, instance_type = getattr(self, "threads", None), getattr(self, "instance_type", None)
-        if threads is not None and threads > instance_types.vcpus(instance_type):
-            problems.append((("threads",), f"{threads} threads exceed the {instance_types.vcpus(instance_type)} "
-                             f"vCPUs of {instance_type}", threads))
+        if threads is not None and threads > instance_types.physical_cores(instance_type):
+            problems.append((("threads",), f"{threads} threads exceed the {instance_types.physical_cores(instance_type)} "
+                             f"physical cores of {instance_type} ({instance_types.vcpus(instance_type)} vCPUs): "
+                             f"llama.cpp runs one thread per core", threads))
         if problems:
             raise _field_problems(type(self).__name__, problems)
         return self
@@ -301,7 +297,7 @@ class EndpointSettings(_Settings):
 
 class CpuEndpointSettings(EndpointSettings):
     instance_type: AdapterCpuInstance
-    threads: Integer(1, 192)                      # ADAPTER_THREADS; at most the instance's vCPUs
+    threads: Integer(1, 192)                      # ADAPTER_THREADS; at most the instance's physical cores
 
     @property
     def variant_instance_types(self) -> tuple[str, ...]:
@@ -331,7 +327,7 @@ class GpuEndpointSettings(EndpointSettings):
 
 class TextGenerationEndpointSettings(EndpointSettings):
     instance_type: DlcCpuInstance
-    threads: Integer(1, 192)
+    threads: Integer(1, 192)                      # SM_LLAMA_CPP_THREADS; at most the instance's physical cores
     ctx_size: Integer(512, 1_048_576)
     parallel: Integer(1, 64)                      # llama-server slots
 
@@ -457,6 +453,23 @@ class MonitoringSettings(_Settings):
         0, 100, "a list of email addresses"))] = ()
 
 
+_GITHUB_REPOSITORY = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
+_GITHUB_ENVIRONMENT = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
+
+
+class ReviewSettings(_Settings):
+    """The pull-request diff role (stacks/review_stack.py): which repository's workflow jobs, in which GitHub
+    environment, may assume it through GitHub's OIDC provider."""
+    # OWNER/REPO; null leaves the role out (synthesis warns), so that a fresh clone still synthesizes.
+    github_repository: Text(_GITHUB_REPOSITORY, "a GitHub repository as OWNER/REPO") | None = None
+    # The workflow's job runs in this GitHub environment (prod's has required reviewers); its OIDC token's sub is
+    # repo:OWNER/REPO:environment:NAME, the only one the role trusts.
+    github_environment: Text(_GITHUB_ENVIRONMENT, "a GitHub environment name")
+    # The account's IAM OIDC provider for token.actions.githubusercontent.com: created by this stack, or (false) one
+    # that exists already (an account has at most one per URL: set false in the second environment of an account).
+    create_oidc_provider: _checked(_boolean, bool) = True
+
+
 class EnvironmentConfig(_Settings):
     """``environments.<name>``; ``name`` is the chosen environment, account and region default to the CLI's."""
     name: str
@@ -473,6 +486,7 @@ class EnvironmentConfig(_Settings):
     artifacts: ArtifactSettings
     endpoint_log_retention_days: _checked(_log_retention, int)
     monitoring: MonitoringSettings = MonitoringSettings()
+    review: ReviewSettings
     # CloudFormation termination protection on every stack of the environment (cdk destroy refuses them).
     termination_protection: _checked(_boolean, bool) = False
 
@@ -505,6 +519,10 @@ class EnvironmentConfig(_Settings):
 
     def endpoint_stack_name(self, kind: str) -> str:
         return f"{self.name_prefix}-endpoint-{kind.replace('_', '-')}"
+
+    @property
+    def review_stack_name(self) -> str:
+        return f"{self.name_prefix}-review"
 
     @property
     def artifacts_stack_name(self) -> str:

@@ -50,7 +50,7 @@ class SageMakerEndpoint(Construct):
             logs.MetricFilter(self, metric.construct_id, log_group=self.log_group,
                               filter_pattern=logs.FilterPattern.literal(metric.pattern),
                               metric_namespace=spec.log_metrics_namespace, metric_name=metric.metric_name,
-                              metric_value="1", default_value=0)
+                              metric_value=metric.value, default_value=0)
             for metric in spec.log_metrics]
 
         # Alarms name the endpoint by its fixed name (not a reference), so the endpoint can name them in turn. Their
@@ -97,6 +97,8 @@ class SageMakerEndpoint(Construct):
             inference_ami_version=variant.inference_ami_version,
             container_startup_health_check_timeout_in_seconds=settings.startup_health_check_timeout_s,
             model_data_download_timeout_in_seconds=settings.model_download_timeout_s,
+            # EBS-backed types get a volume sized for the model (stacks/sizing.py); NVMe types use their disks.
+            volume_size_in_gb=variant.volume_size_gib,
             routing_config=sagemaker.CfnEndpointConfig.RoutingConfigProperty(
                 routing_strategy=variant.routing_strategy) if variant.routing_strategy else None,
         )

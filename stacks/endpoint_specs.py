@@ -14,13 +14,19 @@ instances; with one, a rolling batch would be the whole fleet, so it goes blue/g
 blue/green, one canary instance first when the fleet has two or more. Either way, if an alarm marked
 ``rolls_back`` fires during a bake, SageMaker shifts the traffic back to the old fleet.
 
-Rollback alarms watch faults, never load: answers that are the server's fault (5xx other than the adapter's busy
-503), scoring failures, latency beyond what the slowest instance type was measured to need (stacks/sizing.py),
-memory and disk. Busy 503s and utilization mean load; they notify, and scaling reacts to them. SageMaker's metrics
-cannot tell the new fleet from the old during an update (both are the variant AllTraffic; the InstanceType
-dimension only separates pools), so the alarms watch the variant: with all traffic shifted at once that is the new
-fleet, and a canary's share of the traffic is at least 1/max_instance_count, which is why the fault-rate threshold
-must stay below it (checked here).
+Rollback alarms watch faults, never load or request shape: answers that are the server's fault (5xx other than
+the adapter's busy 503), scoring failures, the adapter's compute time per evaluated token (a slow release: its own
+log line, which load does not move, against a threshold derived from the measured speed, stacks/sizing.py), memory
+and disk. There is no rollback on SageMaker's ModelLatency: the adapter refuses (busy 503) what it cannot answer by
+its deadline, so under load successful latencies pile up just under it, and a threshold at or under the deadline
+trips on load while one above it can never fire; the text-generation endpoint's latency follows the requested
+max_tokens, and it logs nothing per output token. Busy 503s and utilization mean load; they notify, and scaling
+reacts to them. Every rollback alarm decides within the bake (its periods, CloudWatch's publishing delay of its
+metrics and one evaluation, checked here), and its threshold is one the metric can reach (``ceiling``).
+SageMaker's metrics cannot tell the new fleet from the old during an update (both are the variant AllTraffic; the
+InstanceType dimension only separates pools), so the alarms watch the variant: with all traffic shifted at once
+that is the new fleet, and a canary's share of the traffic is at least 1/max_instance_count, which is why the
+fault-rate threshold must stay below it (checked here).
 """
 
 from __future__ import annotations
@@ -32,13 +38,14 @@ from typing import Literal
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
-from stacks import instance_types, updates
+from stacks import instance_types, sizing, updates
 from stacks.adapter_logs import metric_logs
-from stacks.config import ADAPTER_KINDS, ConfigError, EndpointSettings, EnvironmentConfig, ImagePin, ModelPin
+from stacks.config import (ADAPTER_KINDS, TRANSFORM_KINDS, ConfigError, EndpointSettings, EnvironmentConfig, ImagePin,
+                           ModelPin)
 
 VARIANT_NAME = "AllTraffic"
-# How long SageMaker watches the alarms after each traffic shift (and before it terminates the old fleet):
-# longer than the slowest rollback alarm needs to fire (5 one-minute periods).
+# How long SageMaker watches the alarms after each traffic shift (and before it terminates the old fleet): every
+# rollback alarm's window (alarm_window_s) fits in it, checked for each spec.
 BAKE_S = 600
 # Where the adapter's log-line metrics go: one namespace per endpoint, because a metric filter cannot add a
 # dimension of constant value (the log lines do not name the endpoint).
@@ -49,7 +56,17 @@ INVOCATIONS_NAMESPACE = "AWS/SageMaker"
 INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 TRANSFORM_INSTANCE_NAMESPACE = "/aws/sagemaker/TransformJobs"
 
-# Alarm thresholds that do not depend on the endpoint (the latency threshold does: cdk.json model_latency_p99_ms).
+# How long after a minute its datapoint can be in CloudWatch, per namespace (assumed, generously: SageMaker sends
+# invocation and instance metrics every minute, CloudWatch Logs turns log events into metric-filter datapoints as
+# they arrive; `python -m endpoint_client acceptance` measures the log metric's delay on a real endpoint), and how
+# often CloudWatch evaluates an alarm.
+PUBLISHING_DELAY_S = {"AWS/SageMaker": 120, "/aws/sagemaker/Endpoints": 180, "DecisionAdapter": 180}
+ALARM_EVALUATION_S = 60
+# The adapter's deadline for a request (ADAPTER_REQUEST_TIMEOUT_S, set in the model's environment): below
+# SageMaker's 60 s invocation timeout, so the adapter answers a busy 503 before SageMaker gives up.
+REQUEST_DEADLINE_S = 55
+
+# Alarm thresholds that do not depend on the endpoint (the slow-release threshold does: stacks/sizing.py).
 ERROR_RATE_PERCENT = 5          # fault answers (5xx but the adapter's busy 503) per invocation
 BUSY_RATE_PERCENT = 10          # the adapter's busy 503s per request: scaling does not keep up
 UTILIZATION_PERCENT = 90        # of every vCPU or GPU, sustained: at max_instance_count, or scaling too slowly
@@ -65,12 +82,15 @@ class Variant:
     provision_timeout_s: int | None = None
     inference_ami_version: str | None = None
     routing_strategy: str | None = None            # ProductionVariant.RoutingConfig; None: SageMaker's RANDOM
+    volume_size_gib: int | None = None             # ProductionVariant.VolumeSizeInGB: EBS-backed types only
 
     def __post_init__(self) -> None:
         if (self.instance_type is None) == (not self.instance_pools):
             raise ValueError("a variant has either an instance type or instance pools")
         if self.provision_timeout_s is not None and not self.instance_pools:
             raise ValueError("a provisioning timeout applies to instance pools only")
+        if self.volume_size_gib is not None and self.has_instance_storage:
+            raise ValueError("SageMaker refuses VolumeSizeInGB for instance types with local NVMe storage")
 
     @property
     def instance_types(self) -> tuple[str, ...]:
@@ -97,6 +117,7 @@ class LogMetric:
     construct_id: str
     metric_name: str
     pattern: str                                       # CloudWatch Logs JSON filter pattern
+    value: str = "1"                                   # MetricValue: 1 per line, or $.<numeric field>
 
 
 @dataclass(frozen=True)
@@ -108,7 +129,28 @@ class AlarmSpec:
     evaluation_periods: int
     datapoints_to_alarm: int
     rolls_back: bool                                   # named in AutoRollbackConfiguration
+    ceiling: float | None                              # the most the metric can reach; None: unbounded
     comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
+
+    @property
+    def window_s(self) -> int:
+        """The longest a breach can take to put the alarm in ALARM: its evaluation periods, the publishing delay of
+        its slowest metric, and one evaluation."""
+        metrics = _metrics_of(self.metric)
+        period = max(int(m.period.to_seconds()) for m in metrics)
+        delay = max(PUBLISHING_DELAY_S[_namespace_family(m.namespace)] for m in metrics)
+        return self.evaluation_periods * period + delay + ALARM_EVALUATION_S
+
+
+def _metrics_of(metric: cloudwatch.IMetric) -> list[cloudwatch.Metric]:
+    if isinstance(metric, cloudwatch.MathExpression):
+        return [m for used in metric.using_metrics.values() for m in _metrics_of(used)]
+    return [metric]
+
+
+def _namespace_family(namespace: str) -> str:
+    """PUBLISHING_DELAY_S's key of a namespace (the adapter's are DecisionAdapter/<endpoint>)."""
+    return namespace.split("/", 1)[0] if namespace.startswith(ADAPTER_METRICS_NAMESPACE + "/") else namespace
 
 
 @dataclass(frozen=True)
@@ -128,7 +170,7 @@ class EndpointSpec:
     environment: dict[str, str]
     scaling_target: int                # invocations per instance and minute, the lowest of the variant's types
     deployment: Deployment
-    serves_batch_transform: bool       # the adapter answers application/jsonlines (Batch Transform)
+    serves_batch_transform: bool       # its Model takes Batch Transform jobs (config.TRANSFORM_KINDS)
     log_metrics: tuple[LogMetric, ...] = ()
     alarms: tuple[AlarmSpec, ...] = field(default=())
 
@@ -156,38 +198,64 @@ class EndpointSpec:
 
 def endpoint_specs(config: EnvironmentConfig) -> tuple[EndpointSpec, ...]:
     """Every endpoint kind, enabled or not (a disabled or unpinned one gets an empty stack)."""
-    return (_cpu_spec(config), _gpu_spec(config), _text_generation_spec(config))
+    gguf_bytes = _model_bytes(config)
+    return (_cpu_spec(config, gguf_bytes), _gpu_spec(config, gguf_bytes), _text_generation_spec(config, gguf_bytes))
+
+
+def _model_bytes(config: EnvironmentConfig) -> int:
+    """The GGUF's size of the pinned model (model_build/pins.json), else of the build's pin (nothing is deployed
+    then, but the alarms exist by name)."""
+    model = config.pins.model
+    try:
+        if model is None:
+            return sizing.model_bytes(config.build.model_pin)
+        return sizing.model_bytes(model.s3_key.split("/")[1], model.gguf_sha256)
+    except KeyError as error:
+        raise ConfigError([f"{config.key('pins', 'model')}: {error.args[0]}: the endpoints' storage and "
+                           f"slow-release threshold are sized from the pin's bytes"]) from None
+
+
+def _storage(instance_type_list: tuple[str, ...], gguf_bytes: int) -> int | None:
+    """VolumeSizeInGB where every instance type is EBS-backed; None where SageMaker uses local NVMe."""
+    if any(map(instance_types.has_instance_storage, instance_type_list)):
+        return None
+    return sizing.storage_gib(gguf_bytes)
 
 
 # --- the kinds ------------------------------------------------------------------------------------------------
 
-def _cpu_spec(config: EnvironmentConfig) -> EndpointSpec:
+def _cpu_spec(config: EnvironmentConfig, gguf_bytes: int) -> EndpointSpec:
     settings = config.cpu
-    variant = Variant(instance_type=settings.instance_type, routing_strategy="LEAST_OUTSTANDING_REQUESTS")
+    variant = Variant(instance_type=settings.instance_type, routing_strategy="LEAST_OUTSTANDING_REQUESTS",
+                      volume_size_gib=_storage((settings.instance_type,), gguf_bytes))
     # container/decision_adapter/settings.py; the CPU image reads the model from /opt/ml/model.
-    environment = {"ADAPTER_THREADS": str(settings.threads), "ADAPTER_GPU_LAYERS": "0"}
-    return _spec(config, "cpu", "CPU decision adapter", settings, variant, environment,
+    environment = {"ADAPTER_THREADS": str(settings.threads), "ADAPTER_GPU_LAYERS": "0",
+                   "ADAPTER_REQUEST_TIMEOUT_S": str(REQUEST_DEADLINE_S)}
+    return _spec(config, "cpu", "CPU decision adapter", settings, variant, environment, gguf_bytes,
                  utilization=_cpu_utilization(variant), scarce_capacity=False)
 
 
-def _gpu_spec(config: EnvironmentConfig) -> EndpointSpec:
+def _gpu_spec(config: EnvironmentConfig, gguf_bytes: int) -> EndpointSpec:
     settings = config.gpu
     variant = Variant(instance_pools=settings.instance_pools, provision_timeout_s=settings.provision_timeout_s,
                       inference_ami_version=settings.inference_ami_version,
-                      routing_strategy="LEAST_OUTSTANDING_REQUESTS")
-    # The GPU image also defaults to -1; stating it keeps the Model's intent in the template.
-    environment = {"ADAPTER_GPU_LAYERS": "-1"}
+                      routing_strategy="LEAST_OUTSTANDING_REQUESTS",
+                      volume_size_gib=_storage(settings.instance_pools, gguf_bytes))
+    # The GPU image also defaults to -1; stating it keeps the Model's intent in the template. Its CPU threads are
+    # the adapter's default, one per physical core.
+    environment = {"ADAPTER_GPU_LAYERS": "-1", "ADAPTER_REQUEST_TIMEOUT_S": str(REQUEST_DEADLINE_S)}
     gpus = min(map(instance_types.gpus, variant.instance_types))
-    utilization = ("GpuUtilization", "GPUUtilization", UTILIZATION_PERCENT * gpus,
+    utilization = ("GpuUtilization", "GPUUtilization", UTILIZATION_PERCENT * gpus, 100 * gpus,
                    f"GPU utilization above {UTILIZATION_PERCENT} % of {gpus} GPU(s) for 15 minutes")
-    return _spec(config, "gpu", "GPU decision adapter", settings, variant, environment,
+    return _spec(config, "gpu", "GPU decision adapter", settings, variant, environment, gguf_bytes,
                  utilization=utilization, scarce_capacity=True)
 
 
-def _text_generation_spec(config: EnvironmentConfig) -> EndpointSpec:
+def _text_generation_spec(config: EnvironmentConfig, gguf_bytes: int) -> EndpointSpec:
     settings = config.text_generation
     # llama-server keeps its own queue behind its slots; SageMaker's default routing stays.
-    variant = Variant(instance_type=settings.instance_type)
+    variant = Variant(instance_type=settings.instance_type,
+                      volume_size_gib=_storage((settings.instance_type,), gguf_bytes))
     pin_name = config.pins.model.s3_key.split("/")[1] if config.pins.model else ""
     # The DLC entrypoint turns SM_LLAMA_CPP_FOO_BAR=v into llama-server --foo-bar v; it finds the GGUF in
     # SM_LLAMA_CPP_MODEL_DIR.
@@ -195,18 +263,18 @@ def _text_generation_spec(config: EnvironmentConfig) -> EndpointSpec:
                    "SM_LLAMA_CPP_THREADS": str(settings.threads), "SM_LLAMA_CPP_PARALLEL": str(settings.parallel),
                    "SM_LLAMA_CPP_ALIAS": pin_name}
     return _spec(config, "text_generation", "text generation (llama-server)", settings, variant, environment,
-                 utilization=_cpu_utilization(variant), scarce_capacity=False)
+                 gguf_bytes, utilization=_cpu_utilization(variant), scarce_capacity=False)
 
 
-def _cpu_utilization(variant: Variant) -> tuple[str, str, float, str]:
+def _cpu_utilization(variant: Variant) -> tuple[str, str, float, float, str]:
     # CPUUtilization sums the cores: 100 % per vCPU.
     vcpus = min(map(instance_types.vcpus, variant.instance_types))
-    return ("CpuUtilization", "CPUUtilization", UTILIZATION_PERCENT * vcpus,
+    return ("CpuUtilization", "CPUUtilization", UTILIZATION_PERCENT * vcpus, 100 * vcpus,
             f"CPU utilization above {UTILIZATION_PERCENT} % of {vcpus} vCPUs for 15 minutes")
 
 
 def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSettings, variant: Variant,
-          environment: dict[str, str], *, utilization: tuple[str, str, float, str],
+          environment: dict[str, str], gguf_bytes: int, *, utilization: tuple[str, str, float, float, str],
           scarce_capacity: bool) -> EndpointSpec:
     adapter = kind in ADAPTER_KINDS
     slug = kind.replace("_", "-")
@@ -216,15 +284,33 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
                                            (config.key("pins", "model"), config.pins.model)) if value is None)
     log_metrics = _adapter_log_metrics() if adapter else ()
     namespace = f"{ADAPTER_METRICS_NAMESPACE}/{endpoint_name}"
+    # The slowest instance type's threshold: a fallback to it during an update must not roll the update back.
+    slow_release = max(sizing.slow_release_ms_per_token(t, gguf_bytes) for t in variant.instance_types) \
+        if adapter else None
+    deployment = _check_canary(config, kind, settings, _deployment(settings, variant, scarce_capacity))
+    alarms = _alarms(endpoint_name, utilization, adapter_namespace=namespace if adapter else None,
+                     slow_release_ms_per_token=slow_release)
+    _check_rollback_windows(config, kind, alarms, deployment)
     return EndpointSpec(
         kind=kind, settings_key=config.key(kind), slug=slug, title=title, endpoint_name=endpoint_name,
         stack_name=config.endpoint_stack_name(kind), enabled=kind in config.endpoints, missing_pins=missing,
         image=image, model=config.pins.model, settings=settings, variant=variant, environment=environment,
-        scaling_target=settings.scaling_target,
-        deployment=_check_canary(config, kind, settings, _deployment(settings, variant, scarce_capacity)),
-        serves_batch_transform=adapter,
-        log_metrics=log_metrics,
-        alarms=_alarms(endpoint_name, settings, utilization, adapter_namespace=namespace if adapter else None))
+        scaling_target=settings.scaling_target, deployment=deployment,
+        serves_batch_transform=kind in TRANSFORM_KINDS,
+        log_metrics=log_metrics, alarms=alarms)
+
+
+def _check_rollback_windows(config: EnvironmentConfig, kind: str, alarms: tuple[AlarmSpec, ...],
+                            deployment: Deployment) -> None:
+    """A rollback alarm that cannot reach ALARM within the bake lets a broken release through; one whose threshold
+    is above what its metric can reach never fires."""
+    problems = [f"{config.key(kind)}: the rollback alarm {a.construct_id} needs up to {a.window_s} s to fire, more "
+                f"than the {deployment.bake_s} s bake" for a in alarms if a.rolls_back and a.window_s > deployment.bake_s]
+    problems += [f"{config.key(kind)}: the alarm {a.construct_id}'s threshold {a.threshold:g} is not below the most "
+                 f"its metric can reach ({a.ceiling:g})" for a in alarms if a.ceiling is not None
+                 and a.threshold >= a.ceiling]
+    if problems:
+        raise ConfigError(problems)
 
 
 def _deployment(settings: EndpointSettings, variant: Variant, scarce_capacity: bool) -> Deployment:
@@ -253,10 +339,10 @@ def _check_canary(config: EnvironmentConfig, kind: str, settings: EndpointSettin
 
 
 def _adapter_log_metrics() -> tuple[LogMetric, ...]:
-    # The adapter's own definitions of the lines and of what each metric counts (metric_logs): one JSON line per
-    # request with its HTTP status, and one more when scoring raises.
-    return tuple(LogMetric(f"{metric.metric_name}Metric", metric.metric_name, metric.filter_pattern())
-                 for metric in metric_logs.METRICS)
+    # The adapter's own definitions of the lines and of what each metric counts or sums (metric_logs): one JSON line
+    # per request with its HTTP status and compute, and one more when scoring raises.
+    return tuple(LogMetric(f"{metric.metric_name}Metric", metric.metric_name, metric.filter_pattern(),
+                           metric.metric_value()) for metric in metric_logs.METRICS)
 
 
 def _invocations(endpoint_name: str, metric_name: str, statistic: str = "Sum",
@@ -266,22 +352,27 @@ def _invocations(endpoint_name: str, metric_name: str, statistic: str = "Sum",
                                                             "VariantName": VARIANT_NAME})
 
 
-def _instances(endpoint_name: str, metric_name: str, statistic: str) -> cloudwatch.Metric:
+def _instances(endpoint_name: str, metric_name: str, statistic: str, period: Duration) -> cloudwatch.Metric:
     return cloudwatch.Metric(namespace=INSTANCE_NAMESPACE, metric_name=metric_name, statistic=statistic,
-                             period=Duration.minutes(5), dimensions_map={"EndpointName": endpoint_name,
-                                                                         "VariantName": VARIANT_NAME})
+                             period=period, dimensions_map={"EndpointName": endpoint_name,
+                                                            "VariantName": VARIANT_NAME})
 
 
 def invocations_metric(endpoint_name: str) -> cloudwatch.Metric:
     return _invocations(endpoint_name, "Invocations")
 
 
-def _alarms(endpoint_name: str, settings: EndpointSettings, utilization: tuple[str, str, float, str], *,
-            adapter_namespace: str | None) -> tuple[AlarmSpec, ...]:
-    one_minute = Duration.minutes(1)
+def latency_metric(endpoint_name: str) -> cloudwatch.Metric:
+    """ModelLatency p99 (microseconds), for the dashboard only: no alarm reads it (see the module's docstring)."""
+    return _invocations(endpoint_name, "ModelLatency", statistic="p99")
 
-    def adapter(metric_name: str) -> cloudwatch.Metric:
-        return cloudwatch.Metric(namespace=adapter_namespace, metric_name=metric_name, statistic="Sum",
+
+def _alarms(endpoint_name: str, utilization: tuple[str, str, float, float, str], *, adapter_namespace: str | None,
+            slow_release_ms_per_token: int | None) -> tuple[AlarmSpec, ...]:
+    one_minute, five_minutes = Duration.minutes(1), Duration.minutes(5)
+
+    def adapter(metric: metric_logs.LogMetric) -> cloudwatch.Metric:
+        return cloudwatch.Metric(namespace=adapter_namespace, metric_name=metric.metric_name, statistic="Sum",
                                  period=one_minute)
 
     errors = {"errors": _invocations(endpoint_name, "Invocation5XXErrors"),
@@ -292,47 +383,56 @@ def _alarms(endpoint_name: str, settings: EndpointSettings, utilization: tuple[s
         fault_rate = cloudwatch.MathExpression(
             expression="IF(invocations > 0 AND errors > FILL(busy, 0), 100 * (errors - FILL(busy, 0)) / invocations, 0)",
             label="5xx but busy 503 per invocation (%)", period=one_minute,
-            using_metrics={**errors, "busy": adapter(metric_logs.BUSY_RESPONSES.metric_name)})
+            using_metrics={**errors, "busy": adapter(metric_logs.BUSY_RESPONSES)})
         faults = "5xx other than the adapter's busy 503"
     else:
         fault_rate = cloudwatch.MathExpression(
             expression="IF(invocations > 0, 100 * errors / invocations, 0)", label="5xx per invocation (%)",
             period=one_minute, using_metrics=errors)
         faults = "5xx"
-    # ModelLatency is in microseconds. The threshold is the slowest instance type's (stacks/sizing.py).
-    latency = _invocations(endpoint_name, "ModelLatency", statistic="p99")
-    threshold_ms = settings.latency_threshold_ms
-    utilization_id, utilization_metric, utilization_threshold, utilization_text = utilization
+    utilization_id, utilization_metric, utilization_threshold, utilization_ceiling, utilization_text = utilization
     alarms = [
         AlarmSpec("Invocation5xxRate", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of invocations answered "
-                  f"{faults} in 3 consecutive minutes", fault_rate, ERROR_RATE_PERCENT, 3, 3, rolls_back=True),
-        AlarmSpec("ModelLatencyP99", f"{endpoint_name}: ModelLatency p99 above {threshold_ms} ms in 3 of 5 minutes "
-                  "(cdk.json model_latency_p99_ms of the slowest instance type)", latency,
-                  threshold_ms * 1000, 5, 3, rolls_back=True),
+                  f"{faults} in 3 consecutive minutes", fault_rate, ERROR_RATE_PERCENT, 3, 3, rolls_back=True,
+                  ceiling=100),
     ]
     if adapter_namespace is not None:
         busy_rate = cloudwatch.MathExpression(
             expression="IF(requests > 0, 100 * busy / requests, 0)", label="busy 503 per request (%)",
-            period=one_minute, using_metrics={"busy": adapter(metric_logs.BUSY_RESPONSES.metric_name),
-                                              "requests": adapter(metric_logs.REQUESTS.metric_name)})
+            period=one_minute, using_metrics={"busy": adapter(metric_logs.BUSY_RESPONSES),
+                                              "requests": adapter(metric_logs.REQUESTS)})
+        # Successful requests' own compute per evaluated token (milliseconds), summed per minute: what the release
+        # computes at, whatever the load (metric_logs); minutes without such requests read 0.
+        compute = cloudwatch.MathExpression(
+            expression="IF(FILL(tokens, 0) > 0, 1000 * (FILL(prefill, 0) + FILL(readout, 0)) / tokens, 0)",
+            label="compute per evaluated token (ms)", period=one_minute,
+            using_metrics={"prefill": adapter(metric_logs.PREFILL_SECONDS),
+                           "readout": adapter(metric_logs.READOUT_SECONDS),
+                           "tokens": adapter(metric_logs.EVALUATED_TOKENS)})
         alarms += [
             # Load, not a fault of a new version: it alerts, it never rolls an update back.
             AlarmSpec("BusyRate", f"{endpoint_name}: the adapter answered more than {BUSY_RATE_PERCENT} % of requests "
                       "with its busy 503 for 5 minutes (scaling does not keep up)", busy_rate,
-                      BUSY_RATE_PERCENT, 5, 5, rolls_back=False),
+                      BUSY_RATE_PERCENT, 5, 5, rolls_back=False, ceiling=100),
             AlarmSpec("ScoringFailures", f"{endpoint_name}: the adapter logged 'scoring failed' (a 500)",
-                      adapter(metric_logs.SCORING_FAILURES.metric_name), 1, 1, 1, rolls_back=True,
+                      adapter(metric_logs.SCORING_FAILURES), 1, 1, 1, rolls_back=True, ceiling=None,
                       comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD),
+            AlarmSpec("SlowCompute", f"{endpoint_name}: successful requests computed more than "
+                      f"{slow_release_ms_per_token} ms per evaluated token in 3 consecutive minutes (4x the measured "
+                      "speed of the slowest instance type, stacks/sizing.py): a slow release", compute,
+                      slow_release_ms_per_token, 3, 3, rolls_back=True, ceiling=None),
         ]
     alarms += [
         # Load, not a fault of a new version: it alerts, it does not roll an update back.
         AlarmSpec(utilization_id, f"{endpoint_name}: {utilization_text}",
-                  _instances(endpoint_name, utilization_metric, "Average"), utilization_threshold, 3, 3,
-                  rolls_back=False),
+                  _instances(endpoint_name, utilization_metric, "Average", five_minutes), utilization_threshold, 3, 3,
+                  rolls_back=False, ceiling=utilization_ceiling),
+        # One-minute periods: the rollback copies of the instance metrics must decide within the bake.
         AlarmSpec("MemoryUtilization", f"{endpoint_name}: an instance's memory more than {MEMORY_PERCENT} % used for "
-                  "10 minutes", _instances(endpoint_name, "MemoryUtilization", "Maximum"), MEMORY_PERCENT, 2, 2,
-                  rolls_back=True),
+                  "3 minutes", _instances(endpoint_name, "MemoryUtilization", "Maximum", one_minute), MEMORY_PERCENT,
+                  3, 3, rolls_back=True, ceiling=100),
         AlarmSpec("DiskUtilization", f"{endpoint_name}: an instance's disk is more than {DISK_PERCENT} % full",
-                  _instances(endpoint_name, "DiskUtilization", "Maximum"), DISK_PERCENT, 1, 1, rolls_back=True),
+                  _instances(endpoint_name, "DiskUtilization", "Maximum", one_minute), DISK_PERCENT, 1, 1,
+                  rolls_back=True, ceiling=100),
     ]
     return tuple(alarms)

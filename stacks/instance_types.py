@@ -1,7 +1,8 @@
 """Facts about SageMaker ML instance types that the configuration and the endpoint stack act on.
 
-Only what the checks need: the vCPU count (threads may not exceed it), the CPU architecture (the adapter
-and the llama.cpp DLC images are x86-64 only), the NVIDIA GPU's CUDA compute capability (the GPU image is
+Only what the checks need: the vCPU count and the physical cores behind it (llama.cpp runs one thread per core:
+a second on the core's other hyperthread shares its vector units and only adds synchronisation; README, "CPU
+kernels and threads"), the CPU architecture (the adapter and the llama.cpp DLC images are x86-64 only), the NVIDIA GPU's CUDA compute capability (the GPU image is
 compiled for a fixed set, Dockerfile.gpu's CUDA_ARCHITECTURES) and whether the instance has local NVMe
 instance storage (SageMaker rejects a volume KmsKeyId for those: their disks are encrypted in hardware).
 """
@@ -25,6 +26,22 @@ GPU_INFERENCE_AMIS: dict[str, tuple[int, str]] = {
     "al2-ami-sagemaker-inference-gpu-3-1": (550, "12.4"),
     "al2023-ami-sagemaker-inference-gpu-4-1": (580, "13.0"),
 }
+
+# TransformResources.TransformAmiVersion: the NVIDIA driver of each AMI a Batch Transform host can run, as
+# botocore's service model documents them (a test compares). None runs CUDA 13.
+GPU_TRANSFORM_AMIS: dict[str, int] = {
+    "al2-ami-sagemaker-batch-gpu-470": 470,
+    "al2-ami-sagemaker-batch-gpu-535": 535,
+}
+
+
+def driver_for_cuda(cuda: str) -> int:
+    """The oldest NVIDIA driver among the inference AMIs that runs ``cuda`` (the GPU image's needs, in the AMIs'
+    own terms): 580 for CUDA 13.0."""
+    major_minor = tuple(map(int, cuda.split(".")))
+    return min(driver for driver, newest in GPU_INFERENCE_AMIS.values()
+               if tuple(map(int, newest.split("."))) >= major_minor)
+
 
 # NVIDIA families: the GPU and its compute capability (sm_XY as the integer XY).
 NVIDIA_FAMILIES: dict[str, tuple[str, int]] = {
@@ -78,6 +95,20 @@ def vcpus(instance_type: str) -> int:
     if size == "xlarge":
         return 4
     return 4 * int(size[: -len("xlarge")])
+
+
+# x86 families whose vCPUs are whole cores (no simultaneous multithreading): AMD's 7th generation and later (c7a,
+# m7a, r7a, ...), and t2. Every other x86 family has two vCPUs per core; Graviton has one (EC2's instance type
+# documentation, "CPU options": threads per core).
+_ONE_THREAD_PER_CORE = re.compile(r"^([a-z]+[7-9]a[a-z]*|t2)$")
+
+
+def physical_cores(instance_type: str) -> int:
+    """Physical cores of an ML instance type: its vCPUs, halved where each core runs two hyperthreads."""
+    name, count = family(instance_type), vcpus(instance_type)
+    if is_graviton(instance_type) or _ONE_THREAD_PER_CORE.match(name):
+        return count
+    return max(1, count // 2)
 
 
 def is_graviton(instance_type: str) -> bool:

@@ -19,7 +19,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from stacks.config import EnvironmentConfig
-from stacks.endpoint_specs import EndpointSpec, invocations_metric
+from stacks.endpoint_specs import EndpointSpec, invocations_metric, latency_metric
 
 
 class MonitoringStack(cdk.Stack):
@@ -70,6 +70,9 @@ def _endpoint_row(spec: EndpointSpec) -> list[cloudwatch.IWidget]:
         cloudwatch.TextWidget(markdown=f"## {spec.endpoint_name}\n{spec.title}; stack `{spec.stack_name}`",
                               width=24, height=1),
         cloudwatch.GraphWidget(title="Invocations", left=[invocations_metric(spec.endpoint_name)], width=6),
+        # Shown, not alarmed: latency moves with load and request shape (stacks/endpoint_specs.py).
+        cloudwatch.GraphWidget(title="ModelLatency p99 (microseconds)", left=[latency_metric(spec.endpoint_name)],
+                               width=6),
     ]
     for alarm in spec.alarms:
         widgets.append(cloudwatch.GraphWidget(

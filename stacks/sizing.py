@@ -1,34 +1,43 @@
-"""Scaling targets and latency thresholds, derived from the figures measured in docs/benchmarks.md.
+"""Scaling targets, the slow-release threshold and the storage volume, derived from measured figures and the model.
 
 cdk.json holds, per endpoint and instance type, ``target_invocations_per_instance`` (what target tracking keeps
-each instance at, per minute) and ``model_latency_p99_ms`` (the rollback alarm's threshold). The shipped values are
-the ones this module derives; ``python -m stacks.sizing`` prints them with their formulas (README, "Thresholds and
-scaling targets"), and tests/cdk/test_cdk_sizing.py checks that cdk.json, README and docs/benchmarks.md agree.
+each instance at, per minute): the value this module derives, which ``python -m stacks.sizing`` prints with its
+formula (README, "Thresholds and scaling targets"); tests/cdk/test_cdk_sizing.py checks that cdk.json, README and
+docs/benchmarks.md agree. The stacks derive the other two themselves, from the pinned model: the adapter's
+slow-release threshold (compute time per evaluated token) and the storage volume of EBS-backed instances.
 
-What was measured (docs/benchmarks.md, "Benchmark model on this machine"): the benchmark model (491 MB GGUF) on 2
-vCPUs, one decision per request on states of at most 2,000 characters; decisions per second with one client and
-the slowest request (the latency table), and how p95 grows from 1 to 4 concurrent clients (the concurrency table);
-the same for llama-server's generation (max_tokens 48) for the text-generation endpoint. To carry those to a
-deployment, two assumptions, both to be replaced by a measurement of the deployed endpoint
-(``python -m benchmarks --endpoint sagemaker:NAME``):
+What was measured (docs/benchmarks.md, "Benchmark model on this machine"): the benchmark model (491 MB GGUF) with 2
+llama.cpp threads on 2 cores, one decision per request on states of at most 2,000 characters; decisions per second
+with one client (the latency table), about 67 tokens/s of prefill, and the same for llama-server's generation
+(max_tokens 48) for the text-generation endpoint. To carry those to a deployment, two assumptions, both to be
+replaced by a measurement of the deployed endpoint (``python -m benchmarks --endpoint sagemaker:NAME``):
 
-- the work per decision scales with the pinned GGUF's size (same quantisation family, prefill-bound), and
-- throughput scales with the instance's vCPUs (llama.cpp's threads = vCPUs).
+- the work per decision, and per token, scales with the pinned GGUF's size (same quantisation family), and
+- throughput scales with llama.cpp's threads, which are the instance's physical cores (one thread per core: a
+  second on the other hyperthread of a core only adds synchronisation; README, "CPU kernels and threads").
 
-    work factor       k = (pinned GGUF bytes / 491 MB) x (2 / instance vCPUs)
+    work factor       k = (pinned GGUF bytes / 491 MB) x (2 / instance physical cores)
     target            = floor(60 s x measured decisions/s / k x 0.7)                  invocations per instance-minute
-    latency p99       = min(59 s, ceil_s(measured slowest ms x k x p95 at 4 clients / p95 at 1 client))
+    slow release      = ceil(1000 ms / 67 tokens/s x k x 4)                           ms per evaluated token
 
 0.7 is the headroom: scaling holds each instance at 70 % of what it can serve, so a burst finds 30 % spare while
-new instances start. The latency threshold is the slowest measured request, scaled, as it is when 4 requests queue
-for one instance (the adapter runs them one after another); it is capped one second under SageMaker's 60 s
-invocation timeout, past which an answer fails anyway.
+new instances start. The slow-release threshold is 4 times the measured compute per token: load on the same
+instance slowed llama.cpp's own compute by at most 2.28x (README, "CPU kernels and threads": 6 MiB bodies parsed
+beside it), so only a release that computes at a quarter of the measured speed or slower crosses it. It must stay
+reachable: a request of the fewest tokens the metric counts (metric_logs.MIN_TIMED_TOKENS) computed at the
+threshold still finishes before the adapter's deadline (tests/cdk check it), else such a release would answer
+busy 503s instead of slow successes.
 
 GPU instances: nothing has been measured on a GPU yet (docs/benchmarks.md, "GPU, and endpoints on SageMaker"). The
-GPU pools get the bound the measurements do give: the CPU path on the instance's own vCPUs. A GPU instance that
-served less, or answered slower, than its host CPUs would is broken, so these thresholds catch faults, and the
+GPU pools get the bound the measurements do give: the CPU path on the instance's own cores. A GPU instance that
+served less, or computed slower, than its host CPUs would is broken, so these figures catch faults, and the
 targets scale the fleet out early (cost, not failures) until GPU figures replace them. Every pool then has the
-same figures, so the single latency alarm and the single scaling target are those of the slowest pool.
+same figures, so the single scaling target and threshold are those of the slowest pool.
+
+Storage: an EBS-backed instance (no local NVMe) gets a volume of ``storage_gib``: SageMaker downloads the model
+archive (a gzip of the GGUF, which hardly compresses: as large as the GGUF) onto it and extracts the GGUF beside
+it, so the model takes twice its bytes; the volume is sized so that they fill at most half of it, far below the
+DiskUtilization alarm's 85 %. The default volume of an instance type is smaller the smaller the instance.
 """
 
 from __future__ import annotations
@@ -46,27 +55,23 @@ REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 MODEL_PINS = REPOSITORY_ROOT / "model_build" / "pins.json"
 
 HEADROOM = 0.7
-LATENCY_CEILING_MS = 59_000         # SageMaker real-time invocations time out at 60 s
 BENCH_MODEL_BYTES = 491_000_000     # Qwen2.5-Coder-0.5B-Instruct Q4_K_M, "491 MB"
-BENCH_VCPUS = 2
+BENCH_THREADS = 2                   # llama.cpp threads, one per core of the 2-core machine
+PREFILL_TOKENS_PER_S = 67           # "About 67 tokens/s of prefill here"
+SLOW_RELEASE_FACTOR = 4             # above the worst slowdown load caused (2.28x)
+MODEL_SHARE_OF_VOLUME = 0.5         # the archive and the extracted GGUF fill at most this much of the volume
+MAX_VOLUME_GIB = 512                # ProductionVariant.VolumeSizeInGB: 1..512
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One path's figures from docs/benchmarks.md (benchmark model, 2 vCPUs)."""
+    """One path's figures from docs/benchmarks.md (benchmark model, 2 threads on 2 cores)."""
     path: str                   # the row's name in the latency table
     per_second: float           # decisions (generations) per second, one client
-    slowest_ms: float           # the latency table's max
-    p95_one_ms: float           # the concurrency table's p95 at 1 client (slot)
-    p95_four_ms: float          # ... at 4 clients (slots)
-
-    @property
-    def queueing(self) -> float:
-        return self.p95_four_ms / self.p95_one_ms
 
 
-DECISION = Measured("decision endpoint (logit readout)", 0.31, 7787, 1319, 4956)
-GENERATION = Measured("generation (llama-server chat completion, max_tokens 48)", 0.35, 7041, 1137, 6223)
+DECISION = Measured("decision endpoint (logit readout)", 0.31)
+GENERATION = Measured("generation (llama-server chat completion, max_tokens 48)", 0.35)
 MEASURED_FOR_KIND = {"cpu": DECISION, "gpu": DECISION, "text_generation": GENERATION}
 
 
@@ -76,25 +81,53 @@ class Sizing:
     instance_type: str
     k: float
     target_invocations_per_instance: int
-    model_latency_p99_ms: int
+    slow_release_ms_per_token: int | None       # the adapter's kinds only (llama-server logs no compute time)
 
     @property
     def basis(self) -> str:
+        cores = instance_types.physical_cores(self.instance_type)
         if self.kind == "gpu":
-            return f"bound: the CPU path on its {instance_types.vcpus(self.instance_type)} vCPUs (no GPU measured)"
-        return "measured: " + MEASURED_FOR_KIND[self.kind].path
+            return f"bound: the CPU path on its {cores} cores (no GPU measured)"
+        return f"measured: {MEASURED_FOR_KIND[self.kind].path}, {cores} threads"
 
 
-def model_bytes(pin_name: str) -> int:
-    return json.loads(MODEL_PINS.read_text())["pins"][pin_name]["bytes"]
+def model_bytes(pin_name: str, gguf_sha256: str | None = None) -> int:
+    """The GGUF's bytes of a pin of model_build/pins.json (checked against ``gguf_sha256`` when given)."""
+    pins = json.loads(MODEL_PINS.read_text())["pins"]
+    if pin_name not in pins:
+        raise KeyError(f"{pin_name!r} is not a pin of model_build/pins.json ({', '.join(sorted(pins))})")
+    pin = pins[pin_name]
+    if gguf_sha256 is not None and pin["sha256"] != gguf_sha256:
+        raise KeyError(f"pin {pin_name!r} of model_build/pins.json has sha256 {pin['sha256'][:12]}..., not "
+                       f"{gguf_sha256[:12]}...")
+    return pin["bytes"]
+
+
+def work_factor(instance_type: str, gguf_bytes: int) -> float:
+    return (gguf_bytes / BENCH_MODEL_BYTES) * (BENCH_THREADS / instance_types.physical_cores(instance_type))
+
+
+def slow_release_ms_per_token(instance_type: str, gguf_bytes: int) -> int:
+    """The compute time per evaluated token above which a release is too slow (milliseconds, whole)."""
+    return math.ceil(1000 / PREFILL_TOKENS_PER_S * work_factor(instance_type, gguf_bytes) * SLOW_RELEASE_FACTOR)
+
+
+def storage_gib(gguf_bytes: int) -> int:
+    """VolumeSizeInGB for an EBS-backed instance serving a GGUF of gguf_bytes: the archive and the extracted file
+    fill at most MODEL_SHARE_OF_VOLUME of it."""
+    needed = 2 * gguf_bytes / MODEL_SHARE_OF_VOLUME
+    gib = math.ceil(needed / 2**30)
+    if gib > MAX_VOLUME_GIB:
+        raise ValueError(f"a {gguf_bytes:,}-byte model needs {gib} GiB, more than SageMaker's {MAX_VOLUME_GIB}")
+    return gib
 
 
 def derive(kind: str, instance_type: str, gguf_bytes: int) -> Sizing:
     measured = MEASURED_FOR_KIND[kind]
-    k = (gguf_bytes / BENCH_MODEL_BYTES) * (BENCH_VCPUS / instance_types.vcpus(instance_type))
+    k = work_factor(instance_type, gguf_bytes)
     target = max(1, math.floor(60 * measured.per_second / k * HEADROOM))
-    latency = min(LATENCY_CEILING_MS, math.ceil(measured.slowest_ms * k * measured.queueing / 1000) * 1000)
-    return Sizing(kind, instance_type, k, target, latency)
+    slow = slow_release_ms_per_token(instance_type, gguf_bytes) if kind != "text_generation" else None
+    return Sizing(kind, instance_type, k, target, slow)
 
 
 def for_environment(environment: Mapping[str, Any]) -> list[Sizing]:
@@ -112,12 +145,12 @@ def for_environment(environment: Mapping[str, Any]) -> list[Sizing]:
 def markdown(environments: Mapping[str, Mapping[str, Any]]) -> str:
     """README's table: every environment's figures with the work factor they come from."""
     lines = ["| environment | endpoint | instance type | k | target invocations / instance-minute | "
-             "latency p99 alarm | basis |", "|---|---|---|---:|---:|---:|---|"]
+             "slow release (ms per evaluated token) | basis |", "|---|---|---|---:|---:|---:|---|"]
     for name, environment in environments.items():
         for sizing in for_environment(environment):
+            slow = "-" if sizing.slow_release_ms_per_token is None else f"{sizing.slow_release_ms_per_token:,}"
             lines.append(f"| {name} | {sizing.kind} | {sizing.instance_type} | {sizing.k:.3f} | "
-                         f"{sizing.target_invocations_per_instance} | {sizing.model_latency_p99_ms:,} ms | "
-                         f"{sizing.basis} |")
+                         f"{sizing.target_invocations_per_instance} | {slow} | {sizing.basis} |")
     return "\n".join(lines)
 
 

@@ -58,14 +58,20 @@ class LogLine:
 
 @dataclass(frozen=True)
 class LogMetric:
-    """A CloudWatch metric counting the lines of ``line`` whose fields pass every test in ``where``."""
+    """A CloudWatch metric over the lines of ``line`` whose fields pass every test in ``where``: their count, or
+    the sum of their numeric field ``value_field``."""
     metric_name: str
     line: LogLine
     where: tuple[FieldTest, ...] = ()
+    value_field: str | None = None
 
     def filter_pattern(self) -> str:
-        """The CloudWatch Logs JSON filter pattern of a metric filter that counts these lines."""
+        """The CloudWatch Logs JSON filter pattern of a metric filter that selects these lines."""
         return "{ " + " && ".join(test.render() for test in (*self.line.identity(), *self.where)) + " }"
+
+    def metric_value(self) -> str:
+        """The metric filter's MetricValue: 1 per line, or the line's ``value_field`` (``$.<field>``)."""
+        return "1" if self.value_field is None else f"$.{self.value_field}"
 
 
 # One line per request the adapter answers (not /ping), with its HTTP status (server/app.py, logs.log_request).
@@ -82,4 +88,18 @@ REQUESTS = LogMetric("Requests", REQUEST)
 BUSY_RESPONSES = LogMetric("BusyResponses", REQUEST, (FieldTest("status", "=", BUSY_STATUS),))
 SCORING_FAILURES = LogMetric("ScoringFailures", SCORING_FAILED)
 
-METRICS = (REQUESTS, BUSY_RESPONSES, SCORING_FAILURES)
+# A successful request's own compute: the seconds its scoring steps ran in the engine (``prefill_s``, ``readout_s``;
+# its wait in the queue is ``queue_s``, apart) and the tokens they evaluated (``evaluated_tokens``: not those taken
+# from the state cache or the resident head). The engine runs one job at a time, so their ratio, the compute time
+# per evaluated token, is what the release computes at, whatever the load: the endpoint's slow-release alarm
+# (stacks/) divides the per-minute sums. A request that evaluates fewer than MIN_TIMED_TOKENS tokens is left out,
+# because a decode of a handful of tokens costs more per token (its fixed cost per call) in any release. A batch's
+# records add up into one line (server/logs.add_log_fields), so the ratio holds for batches too.
+SUCCESS_STATUS = 200
+MIN_TIMED_TOKENS = 64
+_TIMED = (FieldTest("status", "=", SUCCESS_STATUS), FieldTest("evaluated_tokens", ">=", MIN_TIMED_TOKENS))
+PREFILL_SECONDS = LogMetric("PrefillSeconds", REQUEST, _TIMED, value_field="prefill_s")
+READOUT_SECONDS = LogMetric("ReadoutSeconds", REQUEST, _TIMED, value_field="readout_s")
+EVALUATED_TOKENS = LogMetric("EvaluatedTokens", REQUEST, _TIMED, value_field="evaluated_tokens")
+
+METRICS = (REQUESTS, BUSY_RESPONSES, SCORING_FAILURES, PREFILL_SECONDS, READOUT_SECONDS, EVALUATED_TOKENS)

@@ -30,7 +30,7 @@ REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON = REPOSITORY_ROOT / "cdk.json"
 ENVIRONMENTS = ("dev", "prod")
 ENDPOINT_STACKS = {"cpu": "endpoint-cpu", "gpu": "endpoint-gpu", "text_generation": "endpoint-text-generation"}
-STACK_KINDS = ("artifacts", "build", "monitoring", *ENDPOINT_STACKS.values())
+STACK_KINDS = ("artifacts", "build", "monitoring", "review", *ENDPOINT_STACKS.values())
 
 TEST_PINS = test_pins.pins_for({"build": {"model_pin": "qwen3.5-4b"}})
 MODEL_SHA256 = TEST_PINS["model"]["gguf_sha256"]
@@ -47,6 +47,8 @@ def context_for(env: str, *, pinned: bool = True, edit=None) -> dict[str, Any]:
     environment = context["environments"][env]
     if pinned:
         environment["pins"] = copy.deepcopy(TEST_PINS)
+        environment["review"]["github_repository"] = environment["review"]["github_repository"] or \
+            test_pins.EXAMPLE_REPOSITORY
     if test_pins.needs_location(environment):
         environment["account"] = environment.get("account") or EXAMPLE_ACCOUNT
         environment["region"] = environment.get("region") or EXAMPLE_REGION
@@ -141,6 +143,12 @@ def statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
         if resource["Type"] == "AWS::IAM::Policy":
             for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
                 yield logical_id, statement
+
+
+def variant_instance_types(production_variant: dict[str, Any]) -> list[str]:
+    """The instance types a synthesized ProductionVariant runs on: its type, or its pools'."""
+    pools = production_variant.get("InstancePools")
+    return [pool["InstanceType"] for pool in pools] if pools else [production_variant["InstanceType"]]
 
 
 def as_list(value: Any) -> list[Any]:

@@ -277,3 +277,13 @@ def test_the_ami_table_matches_the_service_models_documentation():
         r"(al2\S*-ami-sagemaker-inference-gpu-[0-9-]+)\s+Accelerator: GPU\s+NVIDIA driver version: ([0-9]+)\s+"
         r"CUDA version: ([0-9.]+)", text)}
     assert documented == GPU_INFERENCE_AMIS
+
+
+def test_the_transform_ami_table_matches_the_service_models_documentation():
+    """The drivers Batch Transform hosts offer (why transform refuses the GPU model), as botocore documents them."""
+    from stacks.instance_types import GPU_TRANSFORM_AMIS
+    resources = SAGEMAKER.operation_model("CreateTransformJob").input_shape.members["TransformResources"]
+    text = re.sub(r"<[^>]+>", " ", resources.members["TransformAmiVersion"].documentation)
+    documented = {name: int(driver) for name, driver in re.findall(
+        r"(al2\S*-ami-sagemaker-batch-gpu-[0-9]+)\s+Accelerator: GPU\s+NVIDIA driver version: ([0-9]+)", text)}
+    assert documented == GPU_TRANSFORM_AMIS

@@ -72,7 +72,6 @@ def test_gpu_pools_keep_their_order():
     def edit(environment):
         environment["gpu"]["instance_pools"] = ["ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge"]
         environment["gpu"]["target_invocations_per_instance"].pop("ml.g6e.xlarge")
-        environment["gpu"]["model_latency_p99_ms"].pop("ml.g6e.xlarge")
     config = parse(edit=edit)
     assert config.gpu.instance_pools == ("ml.g5.xlarge", "ml.g4dn.xlarge", "ml.g6.xlarge")
 
@@ -188,7 +187,10 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
      "environments.prod.pins.model.s3_key: 'models/model.tar.gz' is not a key of the form "
      "models/<pin>/<gguf sha256>/model.tar.gz"),
     (removing("pins.model.gguf_sha256"), "environments.prod.pins.model.gguf_sha256: is required"),
-    (setting("cpu.threads", 9), "environments.prod.cpu.threads: 9 threads exceed the 8 vCPUs of ml.c7i.2xlarge"),
+    (setting("cpu.threads", 5), "environments.prod.cpu.threads: 5 threads exceed the 4 physical cores of "
+                                "ml.c7i.2xlarge (8 vCPUs): llama.cpp runs one thread per core"),
+    (setting("text_generation.threads", 16), "environments.prod.text_generation.threads: 16 threads exceed the 8 "
+                                             "physical cores of ml.c7i.4xlarge (16 vCPUs)"),
     (setting("cpu.instance_type", "ml.c7g.2xlarge"),
      "environments.prod.cpu.instance_type: 'ml.c7g.2xlarge' is a Graviton (arm64) instance; the CPU adapter image "
      "is built for x86-64"),
@@ -226,13 +228,8 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
      "endpoint (ml.c7i.2xlarge)"),
     (setting("cpu.target_invocations_per_instance", {"ml.c7i.2xlarge": 0}),
      "environments.prod.cpu.target_invocations_per_instance['ml.c7i.2xlarge']: 0 is outside 1..100000"),
-    (removing("cpu.model_latency_p99_ms"), "environments.prod.cpu.model_latency_p99_ms: is required"),
-    (setting("gpu.model_latency_p99_ms", 5000), "environments.prod.gpu.model_latency_p99_ms: expected an object mapping "
-                                                "each instance type of the endpoint to its ModelLatency p99"),
-    (lambda e: e["gpu"]["model_latency_p99_ms"].__setitem__("ml.g5.xlarge", 61000),
-     "environments.prod.gpu.model_latency_p99_ms['ml.g5.xlarge']: 61000 is outside 10..60000"),
-    (lambda e: e["gpu"]["model_latency_p99_ms"].pop("ml.g4dn.xlarge"),
-     "environments.prod.gpu.model_latency_p99_ms: has no threshold for ml.g4dn.xlarge"),
+    (setting("cpu.model_latency_p99_ms", {"ml.c7i.2xlarge": 45000}),
+     "environments.prod.cpu.model_latency_p99_ms: unknown key"),
     (setting("monitoring", {"alarm_emails": ["oncall"]}),
      "environments.prod.monitoring.alarm_emails[0]: 'oncall' is not an email address"),
     (setting("monitoring", {"alarm_email": []}), "environments.prod.monitoring.alarm_email: unknown key (expected "

@@ -9,6 +9,7 @@ from aws_cdk.assertions import Capture, Match
 
 import cdk_testkit
 from cdk_testkit import ENDPOINT_STACKS, MODEL_SHA256, REPOSITORY_ROOT, TEST_PINS, as_list, flatten, statements
+from stacks import instance_types, sizing
 from stacks.adapter_logs import metric_logs
 
 KINDS = tuple(ENDPOINT_STACKS)
@@ -99,8 +100,9 @@ def test_images_are_the_pinned_digests_in_the_project_repository(pinned, kind):
 def test_container_environments(pinned):
     cpu, text = settings(pinned, "cpu"), settings(pinned, "text_generation")
     assert model(pinned, "cpu")["PrimaryContainer"]["Environment"] == {
-        "ADAPTER_THREADS": str(cpu["threads"]), "ADAPTER_GPU_LAYERS": "0"}
-    assert model(pinned, "gpu")["PrimaryContainer"]["Environment"] == {"ADAPTER_GPU_LAYERS": "-1"}
+        "ADAPTER_THREADS": str(cpu["threads"]), "ADAPTER_GPU_LAYERS": "0", "ADAPTER_REQUEST_TIMEOUT_S": "55"}
+    assert model(pinned, "gpu")["PrimaryContainer"]["Environment"] == {
+        "ADAPTER_GPU_LAYERS": "-1", "ADAPTER_REQUEST_TIMEOUT_S": "55"}
     assert model(pinned, "text_generation")["PrimaryContainer"]["Environment"] == {
         "SM_LLAMA_CPP_MODEL_DIR": "/opt/ml/model", "SM_LLAMA_CPP_CTX_SIZE": str(text["ctx_size"]),
         "SM_LLAMA_CPP_THREADS": str(text["threads"]), "SM_LLAMA_CPP_PARALLEL": str(text["parallel"]),
@@ -135,8 +137,6 @@ def test_pools_set_in_cdk_json_keep_their_order():
         environment["gpu"]["instance_pools"] = reordered
         environment["gpu"]["target_invocations_per_instance"] = {"ml.g4dn.xlarge": 90, "ml.g6e.xlarge": 400,
                                                                  "ml.g6.xlarge": 200}
-        environment["gpu"]["model_latency_p99_ms"] = {"ml.g4dn.xlarge": 9000, "ml.g6e.xlarge": 2000,
-                                                      "ml.g6.xlarge": 4000}
     synth = cdk_testkit.synthesized_with("dev", edit)
     pools = Capture()
     synth.assertions("endpoint-gpu").has_resource_properties("AWS::SageMaker::EndpointConfig", {
@@ -145,8 +145,6 @@ def test_pools_set_in_cdk_json_keep_their_order():
     # The slowest pool's target: a fleet that fell back to T4s must not be loaded like L40Ss.
     policy = one(synth, "gpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 90
-    # And its latency threshold: a fallback to T4s during an update must not roll the update back.
-    assert alarms(synth, "gpu")["ModelLatencyP99"]["Properties"]["Threshold"] == 9000 * 1000
 
 
 @pytest.mark.parametrize("kind", ["cpu", "text_generation"])
@@ -183,6 +181,23 @@ def test_volumes_use_a_kms_key_except_on_instance_storage(pinned):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_ebs_volumes_hold_the_pinned_model_twice_below_the_disk_alarm_and_nvme_types_get_none(pinned, kind):
+    """SageMaker downloads the archive (as large as the GGUF: it hardly compresses) and extracts the GGUF beside it
+    on the ML volume; an instance type's default volume shrinks with its size. NVMe types use their own disks, and
+    SageMaker refuses VolumeSizeInGB for them."""
+    production_variant = variant(pinned, kind)
+    types = cdk_testkit.variant_instance_types(production_variant)
+    if any(map(instance_types.has_instance_storage, types)):
+        assert "VolumeSizeInGB" not in production_variant
+        return
+    gguf = sizing.model_bytes("qwen3.5-4b", MODEL_SHA256)
+    disk_alarm = alarms(pinned, kind)["DiskUtilization"]["Properties"]["Threshold"]
+    volume = production_variant["VolumeSizeInGB"] * 2**30
+    assert 2 * gguf <= volume * sizing.MODEL_SHARE_OF_VOLUME < volume * disk_alarm / 100
+    assert 1 <= production_variant["VolumeSizeInGB"] <= 512
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_scaling_tracks_invocations_with_the_instance_types_target(pinned, kind):
     config = settings(pinned, kind)
     target = one(pinned, kind, "AWS::ApplicationAutoScaling::ScalableTarget")["Properties"]
@@ -204,7 +219,6 @@ def test_a_different_cpu_instance_type_gets_its_own_target():
     def edit(environment):
         environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
         environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 120}
-        environment["cpu"]["model_latency_p99_ms"] = {"ml.c7i.4xlarge": 25000}
     synth = cdk_testkit.synthesized_with("prod", edit)
     policy = one(synth, "cpu", "AWS::ApplicationAutoScaling::ScalingPolicy")["Properties"]
     assert policy["TargetTrackingScalingPolicyConfiguration"]["TargetValue"] == 120
@@ -225,7 +239,7 @@ def alarm_names(synth, kind, ids):
             if alarm_id in found]
 
 
-ROLLBACK_ALARMS = ["Invocation5xxRate", "ModelLatencyP99", "ScoringFailures", "MemoryUtilization", "DiskUtilization"]
+ROLLBACK_ALARMS = ["Invocation5xxRate", "ScoringFailures", "SlowCompute", "MemoryUtilization", "DiskUtilization"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -233,7 +247,7 @@ def test_updates_roll_back_on_faults_never_on_load(pinned, kind):
     deployment = endpoint(pinned, kind)["Properties"]["DeploymentConfig"]
     rollback = deployment["AutoRollbackConfiguration"]["Alarms"]
     assert rollback == alarm_names(pinned, kind, ROLLBACK_ALARMS)
-    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 4)
+    assert len(rollback) == (5 if kind in ADAPTER_KINDS else 3)
     # Busy 503s and utilization are load, not a fault of the new version: they notify, they never roll back.
     load = ["GpuUtilization" if kind == "gpu" else "CpuUtilization"] + (["BusyRate"] if kind in ADAPTER_KINDS else [])
     for alarm_id in load:
@@ -270,10 +284,10 @@ def test_deployment_strategies_per_variant_and_fleet(pinned):
 @pytest.mark.parametrize("kind", KINDS)
 def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind):
     found = alarms(pinned, kind)
-    expected = {"Invocation5xxRate", "ModelLatencyP99", "MemoryUtilization", "DiskUtilization",
+    expected = {"Invocation5xxRate", "MemoryUtilization", "DiskUtilization",
                 "GpuUtilization" if kind == "gpu" else "CpuUtilization"}
     if kind in ADAPTER_KINDS:
-        expected |= {"BusyRate", "ScoringFailures"}
+        expected |= {"BusyRate", "ScoringFailures", "SlowCompute"}
     assert set(found) == expected
     name = f"{pinned.prefix}-{kind.replace('_', '-')}"
     for alarm_id, alarm in found.items():
@@ -284,18 +298,24 @@ def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind
         assert properties["TreatMissingData"] == "notBreaching"
         dimensions = [d for m in properties.get("Metrics", [properties]) for d in
                       m.get("MetricStat", {}).get("Metric", m).get("Dimensions", [])]
-        if alarm_id not in ("BusyRate", "ScoringFailures"):
+        if alarm_id not in ("BusyRate", "ScoringFailures", "SlowCompute"):
             assert {"Name": "EndpointName", "Value": name} in dimensions, alarm_id
 
 
-def test_latency_alarm_uses_the_endpoints_p99_target(pinned):
-    for kind in KINDS:
-        properties = alarms(pinned, kind)["ModelLatencyP99"]["Properties"]
-        assert properties["ExtendedStatistic"] == "p99" and properties["MetricName"] == "ModelLatency"
-        assert properties["Namespace"] == "AWS/SageMaker"
-        # ModelLatency is reported in microseconds; the slowest instance type's threshold.
-        assert properties["Threshold"] == max(settings(pinned, kind)["model_latency_p99_ms"].values()) * 1000
-        assert properties["Threshold"] <= 60_000_000   # SageMaker's invocation timeout
+def test_the_slow_release_alarm_divides_the_adapters_own_compute_by_its_evaluated_tokens(pinned):
+    """Successful requests' compute per evaluated token (the adapter's log line, metric_logs), per minute, against
+    the slowest instance type's derived threshold (stacks/sizing.py) for the pinned model."""
+    gguf = sizing.model_bytes("qwen3.5-4b", MODEL_SHA256)
+    for kind in ADAPTER_KINDS:
+        properties = alarms(pinned, kind)["SlowCompute"]["Properties"]
+        expression, inputs = metric_math(properties)
+        namespace = f"DecisionAdapter/{pinned.prefix}-{kind}"
+        assert inputs == {"prefill": (namespace, "PrefillSeconds"), "readout": (namespace, "ReadoutSeconds"),
+                          "tokens": (namespace, "EvaluatedTokens")}
+        assert expression == "IF(FILL(tokens, 0) > 0, 1000 * (FILL(prefill, 0) + FILL(readout, 0)) / tokens, 0)"
+        types = cdk_testkit.variant_instance_types(variant(pinned, kind))
+        assert properties["Threshold"] == max(sizing.slow_release_ms_per_token(t, gguf) for t in types)
+    assert "SlowCompute" not in alarms(pinned, "text_generation")
 
 
 def metric_math(properties) -> tuple[str, dict[str, tuple[str, str]]]:
@@ -350,13 +370,16 @@ def test_the_adapter_log_lines_feed_the_busy_and_failure_metrics(pinned):
         if kind not in ADAPTER_KINDS:
             assert filters == {}
             continue
-        assert set(filters) == {"Requests", "BusyResponses", "ScoringFailures"}
+        assert set(filters) == {"Requests", "BusyResponses", "ScoringFailures", "PrefillSeconds", "ReadoutSeconds",
+                                "EvaluatedTokens"}
         log_group = logical_id(pinned, kind, "AWS::Logs::LogGroup")
-        for metric_filter in filters.values():
+        values = {"PrefillSeconds": "$.prefill_s", "ReadoutSeconds": "$.readout_s",
+                  "EvaluatedTokens": "$.evaluated_tokens"}
+        for name, metric_filter in filters.items():
             assert metric_filter["LogGroupName"] == {"Ref": log_group}
             (transformation,) = metric_filter["MetricTransformations"]
             assert transformation["MetricNamespace"] == f"DecisionAdapter/{pinned.prefix}-{kind}"
-            assert (transformation["MetricValue"], transformation["DefaultValue"]) == ("1", 0)
+            assert (transformation["MetricValue"], transformation["DefaultValue"]) == (values.get(name, "1"), 0)
         # The adapter's own definitions (container/decision_adapter/metric_logs.py); tests/deploy/test_log_contract
         # checks them against the lines the running adapter writes.
         assert {name: f["FilterPattern"] for name, f in filters.items()} == {
@@ -409,7 +432,7 @@ def test_the_execution_role_reads_the_model_and_pulls_from_the_one_repository(pi
     assert sorted(a for a in found if "*" in resources_of(found[a])) == [
         "cloudwatch:PutMetricData", "ecr:GetAuthorizationToken"]
     assert not [a for a in found if a.startswith(("ecr:Put", "s3:Delete"))]
-    if kind in ADAPTER_KINDS:   # Batch Transform: read the input prefix, write the output prefix
+    if kind == "cpu":   # Batch Transform (the CPU model only): read the input prefix, write the output prefix
         assert sorted(get_objects) == sorted([f"{export}/{MODEL_KEY}", f"{export}/batch/input/*"])
         assert resources_of(found["s3:PutObject"]) == [f"{export}/batch/output/*"]
         (list_bucket,) = found["s3:ListBucket"]
@@ -504,9 +527,8 @@ def test_outputs_name_the_endpoint_model_and_transform_instance(pinned):
         outputs = pinned.template(ENDPOINT_STACKS[kind])["Outputs"]
         assert flatten(outputs["EndpointName"]["Value"]).endswith(".EndpointName>")
         assert flatten(outputs["ModelName"]["Value"]).endswith(".ModelName>")
-        if kind in ADAPTER_KINDS:
-            expected = (settings(pinned, kind).get("instance_type") or WALKTHROUGH_POOLS[0])
-            assert outputs["TransformInstanceType"]["Value"] == expected
+        if kind == "cpu":   # the GPU model does not run in Batch Transform (endpoint_client/transform.py)
+            assert outputs["TransformInstanceType"]["Value"] == settings(pinned, kind)["instance_type"]
         else:
             assert "TransformInstanceType" not in outputs
 
@@ -531,9 +553,8 @@ def test_step_two_changes_the_instance_type_with_scaling_still_detached_then_ste
     def new_type(attached):
         def edit(environment):
             environment["cpu"]["instance_type"] = "ml.c7i.4xlarge"
-            environment["cpu"]["threads"] = 16
+            environment["cpu"]["threads"] = 8
             environment["cpu"]["target_invocations_per_instance"] = {"ml.c7i.4xlarge": 17}
-            environment["cpu"]["model_latency_p99_ms"] = {"ml.c7i.4xlarge": 23000}
             environment["cpu"]["autoscaling"] = attached
         return edit
     detached = cdk_testkit.synthesized_with("prod", new_type(False))

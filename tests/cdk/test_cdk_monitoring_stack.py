@@ -79,7 +79,7 @@ def test_unpinned_endpoints_alarms_are_allowed_before_they_exist(fresh_clone):
     assert endpoint_alarm_names(fresh_clone) == set()
     for kind in ENDPOINT_STACKS:
         assert f"{fresh_clone.prefix}-{kind.replace('_', '-')}-ScoringFailures" in names or kind == "text_generation"
-        assert f"{fresh_clone.prefix}-{kind.replace('_', '-')}-ModelLatencyP99" in names
+        assert f"{fresh_clone.prefix}-{kind.replace('_', '-')}-DiskUtilization" in names
 
 
 def test_no_email_subscription_unless_cdk_json_names_one(pinned):
@@ -112,8 +112,9 @@ def test_the_dashboard_shows_every_alarmed_metric_per_endpoint(pinned):
         assert any(t.startswith(f"## {name}\n") for t in text)
         alarms = pinned.resources(stack, "AWS::CloudWatch::Alarm").values()
         mine = [g for g in graphs if name in json.dumps(g["metrics"])]
-        # Invocations and one graph per alarm, each with the alarm's threshold drawn in.
-        assert len(mine) == len(alarms) + 1
+        # Invocations, ModelLatency (shown, not alarmed) and one graph per alarm, each with its threshold drawn in.
+        assert len(mine) == len(alarms) + 2
+        assert any('"ModelLatency"' in json.dumps(g["metrics"]) and "annotations" not in g for g in mine)
         thresholds = sorted(a["Properties"]["Threshold"] for a in alarms)
         drawn = sorted(g["annotations"]["horizontal"][0]["value"] for g in mine if "annotations" in g)
         assert drawn == thresholds

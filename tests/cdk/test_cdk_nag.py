@@ -84,8 +84,8 @@ def test_each_acknowledgment_covers_a_real_finding(monkeypatch, env):
 
 
 def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
-    """IAM5 for Resource::* (service-wide actions), the build and Batch Transform prefixes of the artifact bucket
-    and the transform jobs' log streams; nothing else is waived."""
+    """IAM5 for Resource::* (service-wide actions), the build and Batch Transform prefixes of the artifact bucket,
+    the transform jobs' log streams and the review role's read-only stacks and parameter; nothing else is waived."""
     acknowledged = set()
     for metadata_file in pinned.outdir.glob("*.metadata.json"):
         for entries in json.loads(metadata_file.read_text()).values():
@@ -94,8 +94,9 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
                     acknowledged |= set(entry["data"])
     export = f"{pinned.prefix}-artifacts:ArtifactBucketArn"
     # dev is synthesized without a region (<AWS::Region>), prod in the region cdk.json names (a literal).
-    location = "arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>" if pinned.env == "dev" else \
-        f"arn:aws:logs:{cdk_testkit.EXAMPLE_REGION}:{cdk_testkit.EXAMPLE_ACCOUNT}"
+    def location(service):
+        return f"arn:<AWS::Partition>:{service}:<AWS::Region>:<AWS::AccountId>" if pinned.env == "dev" else \
+            f"arn:aws:{service}:{cdk_testkit.EXAMPLE_REGION}:{cdk_testkit.EXAMPLE_ACCOUNT}"
     assert {rule.removeprefix("Annotation::") for rule in acknowledged} == {
         "AwsSolutions-IAM5[Resource::*]",
         f"AwsSolutions-IAM5[Resource::{export}/models/*]",
@@ -103,5 +104,9 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
         f"AwsSolutions-IAM5[Resource::{export}/image-digests/gpu/*]",
         f"AwsSolutions-IAM5[Resource::{export}/batch/input/*]",
         f"AwsSolutions-IAM5[Resource::{export}/batch/output/*]",
-        f"AwsSolutions-IAM5[Resource::{location}:log-group:/aws/sagemaker/TransformJobs:log-stream:*]",
+        f"AwsSolutions-IAM5[Resource::{location('logs')}:log-group:/aws/sagemaker/TransformJobs:log-stream:*]",
+        # The review role: this environment's stacks, the bootstrap stack and its version parameter, read only.
+        f"AwsSolutions-IAM5[Resource::{location('cloudformation')}:stack/{pinned.prefix}-*/*]",
+        f"AwsSolutions-IAM5[Resource::{location('cloudformation')}:stack/CDKToolkit/*]",
+        f"AwsSolutions-IAM5[Resource::{location('ssm')}:parameter/cdk-bootstrap/*]",
     }

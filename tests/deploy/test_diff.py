@@ -1,6 +1,6 @@
-"""make diff BASE=REV (deploy/diff.py): both revisions synthesized by the pinned CLI with the same pins, and the
-difference printed per stack by npx cdk diff --template, offline. Run on a scratch repository made from this
-working tree, with one change in its working tree."""
+"""make diff BASE=REV (deploy/diff.py): both revisions synthesized by the pinned CLI, each with its own pins, the
+pins that differ and the difference per stack printed by npx cdk diff --template, offline. Run on a scratch
+repository made from this working tree, with one change in its working tree."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from deploy import diff
+from deploy.pins import image_digest, model_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,13 +39,44 @@ def test_a_change_shows_in_its_stack_and_nowhere_else(scratch_repo):
     assert differing == 1, text
     sections = {chunk.split("\n", 1)[0]: chunk for chunk in text.split("Stack ")[1:]}
     assert sorted(sections) == [f"decision-dev-{s}" for s in ("artifacts", "build", "endpoint-cpu", "endpoint-gpu",
-                                                              "endpoint-text-generation", "monitoring")]
+                                                              "endpoint-text-generation", "monitoring", "review")]
+    assert "pins unchanged" in text
     cpu = sections.pop("decision-dev-endpoint-cpu")
     assert "[~] AWS::ApplicationAutoScaling::ScalableTarget" in cpu and "MaxCapacity" in cpu
     assert "[-] 2" in cpu and "[+] 3" in cpu
     for stack, section in sections.items():
         assert "There were no differences" in section, stack
     assert text.strip().endswith("1 stack(s) differ")
+
+
+def test_a_pin_change_shows_in_the_pins_and_in_the_stacks_it_changes(scratch_repo):
+    """The most common deploy change: the base's real pins against the working tree's new ones, and a first pin of
+    the GPU image, which creates that endpoint (the base's GPU stack is its placeholder)."""
+    cdk_json = scratch_repo / "cdk.json"
+    content = json.loads(cdk_json.read_text())
+    dev = content["context"]["environments"]["dev"]
+    dev["pins"] = {"images": {"cpu": image_digest("cpu", 1), "gpu": None, "text_generation": None},
+                   "model": model_pin("qwen3.5-4b")}
+    cdk_json.write_text(json.dumps(content, indent=2))
+    subprocess.run(["git", "-C", str(scratch_repo), "-c", "user.name=t", "-c", "user.email=t@example.com", "commit",
+                    "-q", "-am", "pinned"], check=True, capture_output=True)
+    dev["pins"]["images"].update(cpu=image_digest("cpu", 2), gpu=image_digest("gpu", 2))
+    cdk_json.write_text(json.dumps(content, indent=2))
+    out = io.StringIO()
+    differing = diff.diff(scratch_repo, "HEAD", ["dev"], out=out)
+    text = out.getvalue()
+    assert f'  pins.images.cpu: "{image_digest("cpu", 1)}" -> "{image_digest("cpu", 2)}"' in text
+    assert f'  pins.images.gpu: unpinned -> "{image_digest("gpu", 2)}"' in text
+    assert "pins.model" not in text and "pins.images.text_generation" not in text.split("Stack ", 1)[0]
+    sections = {chunk.split("\n", 1)[0]: chunk for chunk in text.split("Stack ")[1:]}
+    assert image_digest("cpu", 2) in sections["decision-dev-endpoint-cpu"]
+    gpu = sections["decision-dev-endpoint-gpu"]
+    for created in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
+                    "AWS::CloudWatch::Alarm", "AWS::ApplicationAutoScaling::ScalableTarget"):
+        assert f"[+] {created}" in gpu, created
+    # The dashboard gains the GPU endpoint's row: the third stack that differs.
+    assert "decision-dev-gpu" in sections["decision-dev-monitoring"].split("There were no differences")[0]
+    assert differing == 3 and text.strip().endswith("3 stack(s) differ"), text
 
 
 def test_an_unknown_revision_is_a_clear_error(scratch_repo, capsys):

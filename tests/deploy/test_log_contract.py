@@ -34,8 +34,8 @@ ADAPTER_STACKS = ("endpoint-cpu", "endpoint-gpu")
 
 
 @pytest.fixture(scope="module")
-def synthesized_filters(tmp_path_factory) -> dict[str, dict[str, str]]:
-    """{stack: {metric name: filter pattern}} of dev's adapter endpoint stacks, synthesized as app.py does."""
+def synthesized_filters(tmp_path_factory) -> dict[str, dict[str, tuple[str, str]]]:
+    """{stack: {metric name: (filter pattern, metric value)}} of dev's adapter endpoint stacks, synthesized as app.py does."""
     outdir = tmp_path_factory.mktemp("cdk-dev")
     context = pinned_context(json.loads((ROOT / "cdk.json").read_text())["context"])
     cdk_app.build_app(context={**context, "env": "dev"}, outdir=str(outdir), cli_environment={}).synth()
@@ -43,7 +43,8 @@ def synthesized_filters(tmp_path_factory) -> dict[str, dict[str, str]]:
     found = {}
     for stack in ADAPTER_STACKS:
         template = json.loads((outdir / f"{prefix}-{stack}.template.json").read_text())
-        found[stack] = {r["Properties"]["MetricTransformations"][0]["MetricName"]: r["Properties"]["FilterPattern"]
+        found[stack] = {r["Properties"]["MetricTransformations"][0]["MetricName"]:
+                        (r["Properties"]["FilterPattern"], r["Properties"]["MetricTransformations"][0]["MetricValue"])
                         for r in template["Resources"].values() if r["Type"] == "AWS::Logs::MetricFilter"}
     return found
 
@@ -78,18 +79,25 @@ def test_each_metric_counts_exactly_the_lines_the_adapter_writes_for_its_event(s
     requests = {e["request_id"]: e for e in events
                 if (e.get("logger"), e.get("message")) == (metric_logs.REQUEST.logger, metric_logs.REQUEST.message)}
     assert {rid: e["status"] for rid, e in requests.items()} == {"ok": 200, "busy": 503, "failed": 500}
+    # The successful request's own compute: the slow-release metrics sum its fields.
+    ok = requests["ok"]
+    assert ok["evaluated_tokens"] >= metric_logs.MIN_TIMED_TOKENS and ok["prefill_s"] > 0 and ok["readout_s"] >= 0
+    timed = {json.dumps(ok)}
     by_line = {
         "Requests": {json.dumps(requests[rid]) for rid in ("ok", "busy", "failed")},
         "BusyResponses": {json.dumps(requests["busy"])},
         "ScoringFailures": {json.dumps(e) for e in events if e.get("message") == "scoring failed"},
+        "PrefillSeconds": timed, "ReadoutSeconds": timed, "EvaluatedTokens": timed,
     }
     (failure,) = [e for e in events if e.get("message") == "scoring failed"]
     assert failure["request_id"] == "failed" and failure["level"] == "error"
 
     for stack, filters in synthesized_filters.items():
         assert set(filters) == set(by_line) == {m.metric_name for m in metric_logs.METRICS}, stack
-        for metric, pattern in filters.items():
+        for metric, (pattern, value) in filters.items():
             counted = [line for line in lines if matches(pattern, line)]
+            if value != "1":    # a sum of the lines' field: it must be a number in every line counted
+                assert all(isinstance(json.loads(line)[value.removeprefix("$.")], (int, float)) for line in counted)
             assert {json.dumps(json.loads(line)) for line in counted} == by_line[metric], (stack, metric, pattern)
             assert len(counted) == len(by_line[metric])
 
@@ -100,8 +108,9 @@ def _cause_each_event(settings, real_engine, capfd) -> list[str]:
     client = app.test_client()
     capfd.readouterr()
 
-    # 1. A request answered 200.
-    assert client.post("/invocations", json=EXAMPLE, headers={"X-Request-Id": "ok"}).status_code == 200
+    # 1. A request answered 200, its state long enough to evaluate more tokens than the slow-release metrics' least.
+    long_state = {"decision": {**EXAMPLE["decision"], "state": " ".join([EXAMPLE["decision"]["state"]] * 6)}}
+    assert client.post("/invocations", json=long_state, headers={"X-Request-Id": "ok"}).status_code == 200
     # 2. The busy 503: every admission place is taken, so the next request is turned away at once.
     admission = app.extensions["decision_adapter"].admission
     taken = 0
@@ -132,6 +141,6 @@ def _cause_each_event(settings, real_engine, capfd) -> list[str]:
 
 def test_the_filters_are_the_adapters_definitions(synthesized_filters):
     """The stacks do not spell a pattern themselves: each is rendered from metric_logs."""
-    expected = {metric.metric_name: metric.filter_pattern() for metric in metric_logs.METRICS}
+    expected = {metric.metric_name: (metric.filter_pattern(), metric.metric_value()) for metric in metric_logs.METRICS}
     for filters in synthesized_filters.values():
         assert filters == expected

@@ -1,7 +1,7 @@
 """make rehearse (deploy/rehearse.py) as part of make test: README's deploy path through the real CDK CLI against
 moto on loopback. It asserts every stack's status after each step, the cross-stack exports, the endpoints' images
-before and after a pin change, the alarms, which resource types moto skipped, prod's termination protection and
-the destroy. A few minutes."""
+before and after a pin change, that the review role allows the diff's recorded calls, the acceptance report, the
+alarms, which resource types moto skipped, prod's termination protection and the destroy. A few minutes."""
 
 from __future__ import annotations
 
@@ -20,11 +20,23 @@ def test_the_rehearsal_passes():
                           timeout=1200)
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
     steps = done.stdout.splitlines()
-    assert [s for s in steps if s[:2] in ("1.", "2.", "3.", "4.", "5.")] == [
+    assert [s for s in steps if s[:2] in ("1.", "2.", "3.", "4.", "5.", "6.")] == [
         "1. bootstrap", "2. deploy dev --all", "3. a pin change: diff, then deploy dev --all",
-        "4. prod: termination protection refuses a destroy", "5. destroy dev --all"]
+        "4. acceptance -c env=dev (moto)", "5. prod: termination protection refuses a destroy", "6. destroy dev --all"]
     assert any(s.startswith("  npx cdk destroy -c env=prod decision-prod-monitoring") and "exit 1" in s
                for s in steps)
+    # The review role allows every call the CLI made for the diff (moto's recording, evaluated by iam-simulate).
+    assert any(s.startswith("  the diff's ") and "are allowed by decision-dev-cdk-diff" in s for s in steps)
+    # It ends with the acceptance report: every check proved or, on moto, unprovable with its reason; none failed.
+    report = steps[steps.index("acceptance report (step 4; python -m endpoint_client acceptance -c env=dev --emulator "
+                               "moto):") + 1:-1]
+    checks = {line.split()[1] for line in report[:-1]}
+    assert {"invoke", "log", "metrics", "storage", "alarm", "rollback"} <= checks, report
+    for line in report[:-1]:
+        state = line.split()[0]
+        assert state in ("proved", "unprovable", "warn"), line
+        assert state != "unprovable" or ": on moto: " in line, line
+    assert report[-1].strip().endswith("skipped") and " 0 failed" in report[-1]
     assert steps[-1].startswith("rehearsal passed in ")
 
 

@@ -130,6 +130,17 @@ def test_an_endpoint_stack_that_is_not_deployed_is_named(deployment, capsys):
     assert code == 1 and "stack decision-dev-endpoint-cpu is not deployed" in err
 
 
+def test_the_gpu_model_is_refused_before_any_job_is_created(deployment, endpoint_stack, capsys):
+    """Transform hosts' NVIDIA drivers (TransformAmiVersion: 470, 535) cannot run the GPU image's CUDA 13."""
+    code, out, err = run(deployment, "--endpoint", "gpu", "--input", put_inputs(deployment), capsys=capsys)
+    assert code == 2 and out == ""
+    assert ("--endpoint gpu: the GPU model does not run in Batch Transform: transform hosts offer NVIDIA drivers "
+            "470, 535 (TransformAmiVersion), and the GPU image is built with CUDA 13.0, which needs driver 580 or "
+            "later") in err
+    jobs = deployment.client("sagemaker").list_transform_jobs()["TransformJobSummaries"]
+    assert not [job for job in jobs if job["TransformJobName"].startswith("decision-dev-gpu")]
+
+
 class Progressing:
     """SageMaker as a job runs: InProgress for the first polls, then the final status; moto holds the job."""
 

@@ -3,7 +3,9 @@
 `docker` and `aws` are stand-ins on PATH that record their arguments and answer as the real tools would
 (a pushed image's RepoDigests, ECR's record of the pushed manifest, a copied S3 object), so the script's own logic
 runs for real: the checks of its variables, the build flags, the tag, the manifest media type check, the digest
-record, where it is uploaded and the pin line it prints.
+record, where it is uploaded and the pin line it prints. The stand-ins answer whatever the role may do; whether the
+project's role allows each of these calls is tests/cdk/test_cdk_role_calls.py's question, which runs this
+buildspec against the synthesized policies.
 """
 
 from __future__ import annotations

@@ -85,6 +85,11 @@ class ScoreStats:
     prefill_s: float
     readout_s: float
 
+    @property
+    def evaluated_tokens(self) -> int:
+        """Tokens llama.cpp evaluated for the call (prefill_s and readout_s are their time): not those reused."""
+        return self.shared_tokens + sum(self.own_tokens) + self.readout_tokens
+
 
 def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
     first, n = sequences[0], min(len(s) for s in sequences)

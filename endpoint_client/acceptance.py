@@ -1,0 +1,411 @@
+"""``python -m endpoint_client acceptance -c env=NAME``: the checks only a real account can make, after a deploy.
+
+Run it after the first deploy of an environment and after every later one (README, Deploy). Each line is one check:
+
+1. **invoke**: each deployed endpoint answers a request through the client's retry policy (the example decision,
+   or a short chat completion on the text-generation endpoint);
+2. **log line** and **log metric** (the adapter's endpoints): that request's JSON line in
+   ``/aws/sagemaker/Endpoints/<endpoint>`` (the Requests metric's own filter pattern, metric_logs), and the metric
+   filter's count of it in ``DecisionAdapter/<endpoint>``, with how long CloudWatch took to show it (the publishing
+   delay the rollback windows assume, stacks/endpoint_specs.py);
+3. **metrics**: every alarm's metric and dimension set exists (ListMetrics): an alarm reading no data can never fire.
+   A GPU endpoint with instance pools publishes per-pool series (an InstanceType dimension); whether SageMaker also
+   publishes the variant-level series the alarms read is reported here;
+4. **storage**: the instances' DiskUtilization over the last hour, against the DiskUtilization alarm's threshold;
+5. **alarm delivery**: each alarm set to ALARM (``set-alarm-state``) and back to OK, and CloudWatch's own record of
+   the notification (its alarm history's Action item: "Successfully executed action arn:aws:sns:..."): the topic's
+   policy and key let CloudWatch publish. It notifies the topic's subscribers twice per alarm; the topic's
+   subscriptions must be confirmed. Endpoints that are updating are skipped (a rollback alarm in ALARM would roll the
+   update back);
+6. **rollback drill** (``--rollback-drill KIND`` only): the endpoint updated to a copy of its Model with
+   ``--drill-environment`` (and/or ``--drill-image``) applied, one that should answer errors, under its own
+   DeploymentConfig while requests are sent; reports whether SageMaker rolled back to the stack's EndpointConfig, and
+   the stack's and endpoint's final state. An update that is not rolled back is undone (UpdateEndpoint to the stack's
+   EndpointConfig) and fails the check; the drill's Model and EndpointConfig are deleted.
+
+States: ``proved``, ``failed``, ``warn``, ``skipped``, and, with ``--emulator moto`` (the deploy rehearsal), ``unprovable``:
+moto has no containers, metric data, metric filters, alarm actions or DeploymentConfig, so each check that needs one
+says which. Exit 0 when no check failed, 1 otherwise, 2 bad arguments or cdk.json, 4 no region or credentials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+
+from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
+                                        add_common_arguments, aws_for, error_code, load_config, stack_outputs)
+from endpoint_client.invoke import InvokeFailed, RetryPolicy, invoke
+from endpoint_client.preflight import deployed_kinds
+from stacks.adapter_logs import metric_logs
+from stacks.config import ADAPTER_KINDS, EnvironmentConfig
+
+VARIANT_NAME = "AllTraffic"
+CHAT_BODY = {"messages": [{"role": "user", "content": "Answer with one word: ready?"}], "max_tokens": 8}
+# What moto cannot show, per check: the reason an emulator run reports instead of a verdict.
+ON_MOTO = {
+    "invoke": "moto answers InvokeEndpoint with a canned body and runs no container",
+    "log line": "moto runs no container, so nothing writes the adapter's log lines",
+    "log metric": "moto creates no metric filters (AWS::Logs::MetricFilter is recorded, not created)",
+    "metrics": "moto holds no metric data but what a test puts",
+    "storage": "moto has no instances, so no DiskUtilization",
+    "alarm delivery": "moto's CloudWatch runs no alarm actions and keeps no alarm history",
+    "rollback drill": "moto implements no UpdateEndpoint, so no DeploymentConfig runs",
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    state: str          # proved | failed | warn | skipped | unprovable
+    check: str
+    subject: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.state:10} {self.check} {self.subject}: {self.detail}"
+
+
+class Acceptance:
+    def __init__(self, config: EnvironmentConfig, aws: Aws, *, emulator: str | None, wait_s: float,
+                 examples: Path, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = lambda _: None):
+        self.config, self.aws, self.emulator, self.wait_s = config, aws, emulator, wait_s
+        self.examples, self.sleep, self.clock, self.log = examples, sleep, clock, log
+        self.kinds = deployed_kinds(config)
+        self.started = datetime.now(timezone.utc) - timedelta(seconds=5)
+
+    # --- how a missing piece of evidence is reported ------------------------------------------------------------
+
+    def missing(self, check: str, subject: str, detail: str) -> Result:
+        """Evidence only AWS produces is absent: a failure on AWS, unprovable on an emulator."""
+        if self.emulator:
+            return Result("unprovable", check, subject, f"on {self.emulator}: {ON_MOTO[check]}")
+        return Result("failed", check, subject, detail)
+
+    def poll(self, probe: Callable[[], Any]) -> tuple[Any, float]:
+        """probe() until it returns something truthy or wait_s passes (at once on an emulator: nothing will come)."""
+        started = self.clock()
+        while True:
+            found = probe()
+            elapsed = self.clock() - started
+            if found or self.emulator or elapsed >= self.wait_s:
+                return found, elapsed
+            self.sleep(min(15.0, max(1.0, self.wait_s / 20)))
+
+    # --- the checks ---------------------------------------------------------------------------------------------
+
+    def run(self, drill: tuple[str, dict[str, str], str | None] | None) -> list[Result]:
+        if not self.kinds:
+            return [Result("failed", "deployment", self.config.name,
+                           "no endpoint is listed and pinned in cdk.json: nothing to accept")]
+        results = [r for kind in self.kinds for r in self.invoke(kind)]
+        results += [r for kind in self.kinds if kind in ADAPTER_KINDS for r in self.log_checks(kind)]
+        alarms = {kind: self.alarms_of(kind) for kind in self.kinds}
+        results += [r for kind in self.kinds for r in self.metric_checks(kind, alarms[kind])]
+        results += [self.storage(kind, alarms[kind]) for kind in self.kinds]
+        results += self.delivery_checks(alarms)
+        results.append(self.rollback_drill(*drill) if drill else
+                       Result("skipped", "rollback drill", "-", "not requested (--rollback-drill KIND)"))
+        return results
+
+    def invoke(self, kind: str) -> list[Result]:
+        name = self.config.endpoint_name(kind)
+        if kind in ADAPTER_KINDS:
+            body = (self.examples / "support-route.json").read_bytes()
+        else:
+            body = json.dumps(CHAT_BODY).encode()
+        client = self.aws.session.client("sagemaker-runtime", endpoint_url=self.aws.endpoint_url)
+        try:
+            answer = invoke(client, endpoint_name=name, body=body, content_type="application/json",
+                            accept="application/json", policy=RetryPolicy(max_attempts=4), sleep=self.sleep)
+        except InvokeFailed as failure:
+            return [Result("failed", "invoke", name, str(failure))]
+        try:
+            payload = json.loads(answer.body)
+        except ValueError:
+            payload = None
+        expected = "result" if kind in ADAPTER_KINDS else "choices"
+        if isinstance(payload, dict) and expected in payload:
+            what = payload["result"].get("label", "a decision") if kind in ADAPTER_KINDS else "a chat completion"
+            return [Result("proved", "invoke", name, f"answered {what} in {answer.attempts} attempt(s)")]
+        return [self.missing("invoke", name, f"answered without '{expected}': {answer.body[:120]!r}")]
+
+    def log_checks(self, kind: str) -> list[Result]:
+        name = self.config.endpoint_name(kind)
+        logs, cloudwatch = self.aws.client("logs"), self.aws.client("cloudwatch")
+        group = f"/aws/sagemaker/Endpoints/{name}"
+        start_ms = int(self.started.timestamp() * 1000)
+
+        def request_lines():
+            try:
+                return logs.filter_log_events(logGroupName=group, startTime=start_ms,
+                                              filterPattern=metric_logs.REQUESTS.filter_pattern()).get("events")
+            except ClientError as error:
+                self.log(f"FilterLogEvents {group}: {error_code(error)}")
+                return None
+        events, elapsed = self.poll(request_lines)
+        results = [Result("proved", "log line", name, f"the request's line is in {group} ({len(events)} line(s))")
+                   if events else self.missing("log line", name, f"no request line in {group} after {elapsed:.0f} s")]
+        namespace = f"DecisionAdapter/{name}"
+
+        def counted():
+            datapoints = cloudwatch.get_metric_statistics(
+                Namespace=namespace, MetricName=metric_logs.REQUESTS.metric_name, Statistics=["Sum"], Period=60,
+                StartTime=self.started - timedelta(minutes=1), EndTime=datetime.now(timezone.utc) + timedelta(minutes=1)
+            ).get("Datapoints", [])
+            return sum(d["Sum"] for d in datapoints)
+        total, elapsed = self.poll(counted)
+        results.append(Result("proved", "log metric", name, f"{namespace} {metric_logs.REQUESTS.metric_name} counted "
+                              f"{total:g} request(s), {elapsed:.0f} s after the request") if total else
+                       self.missing("log metric", name, f"{namespace} {metric_logs.REQUESTS.metric_name} counted "
+                                    f"nothing within {elapsed:.0f} s"))
+        return results
+
+    def alarms_of(self, kind: str) -> list[dict[str, Any]]:
+        name = self.config.endpoint_name(kind)
+        pages = self.aws.client("cloudwatch").get_paginator("describe_alarms").paginate(AlarmNamePrefix=f"{name}-")
+        return [alarm for page in pages for alarm in page.get("MetricAlarms", [])]
+
+    def metric_checks(self, kind: str, alarms: list[dict[str, Any]]) -> list[Result]:
+        cloudwatch = self.aws.client("cloudwatch")
+        if not alarms:
+            return [Result("failed", "metrics", self.config.endpoint_name(kind), "the endpoint has no alarms")]
+        results = []
+        for alarm in alarms:
+            for namespace, metric, dimensions in _metrics_of(alarm):
+                found = cloudwatch.list_metrics(Namespace=namespace, MetricName=metric,
+                                                Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()])
+                series = [{d["Name"]: d["Value"] for d in m.get("Dimensions", [])} for m in found.get("Metrics", [])]
+                subject = f"{alarm['AlarmName']} {namespace} {metric}"
+                if dimensions in series:
+                    results.append(Result("proved", "metrics", subject, "the series the alarm reads exists"))
+                elif series:
+                    extra = sorted({k for s in series for k in s} - set(dimensions))
+                    results.append(Result("failed", "metrics", subject, f"only series with more dimensions "
+                                          f"({', '.join(extra)}) exist: the alarm, which names exactly "
+                                          f"{', '.join(dimensions) or 'none'}, reads no data"))
+                else:
+                    results.append(self.missing("metrics", subject, "no data: the alarm reads nothing (run again "
+                                                "once the endpoint has served for a few minutes)"))
+        return results
+
+    def storage(self, kind: str, alarms: list[dict[str, Any]]) -> Result:
+        name = self.config.endpoint_name(kind)
+        (disk,) = [a for a in alarms if a["AlarmName"] == f"{name}-DiskUtilization"] or [None]
+        if disk is None:
+            return Result("failed", "storage", name, "no DiskUtilization alarm")
+        now = datetime.now(timezone.utc)
+        datapoints = self.aws.client("cloudwatch").get_metric_statistics(
+            Namespace="/aws/sagemaker/Endpoints", MetricName="DiskUtilization", Statistics=["Maximum"], Period=300,
+            StartTime=now - timedelta(hours=1), EndTime=now,
+            Dimensions=[{"Name": "EndpointName", "Value": name}, {"Name": "VariantName", "Value": VARIANT_NAME}],
+        ).get("Datapoints", [])
+        if not datapoints:
+            return self.missing("storage", name, "no DiskUtilization in the last hour")
+        used = max(d["Maximum"] for d in datapoints)
+        state = "proved" if used < disk["Threshold"] else "failed"
+        return Result(state, "storage", name, f"at most {used:.1f} % of an instance's disk used in the last hour "
+                                              f"(the rollback alarm fires above {disk['Threshold']:g} %)")
+
+    def delivery_checks(self, alarms: dict[str, list[dict[str, Any]]]) -> list[Result]:
+        cloudwatch, sns = self.aws.client("cloudwatch"), self.aws.client("sns")
+        monitoring = f"{self.config.name_prefix}-monitoring"
+        topic = stack_outputs(self.aws.client("cloudformation"), monitoring, ["AlarmTopicArn"])["AlarmTopicArn"]
+        subscriptions = sns.list_subscriptions_by_topic(TopicArn=topic).get("Subscriptions", [])
+        pending = [s["Endpoint"] for s in subscriptions if s["SubscriptionArn"] == "PendingConfirmation"]
+        results = [Result("warn" if not subscriptions or pending else "proved", "alarm delivery", topic,
+                          "nobody is subscribed (monitoring.alarm_emails)" if not subscriptions else
+                          f"not confirmed: {', '.join(pending)}" if pending else
+                          f"{len(subscriptions)} confirmed subscription(s)")]
+        sagemaker = self.aws.client("sagemaker")
+        for kind, kind_alarms in alarms.items():
+            name = self.config.endpoint_name(kind)
+            status = sagemaker.describe_endpoint(EndpointName=name)["EndpointStatus"]
+            if status != "InService":
+                results.append(Result("skipped", "alarm delivery", name, f"the endpoint is {status}: an alarm set "
+                                      "to ALARM now could roll its update back"))
+                continue
+            for alarm in kind_alarms:
+                results.append(self.deliver(cloudwatch, alarm["AlarmName"], topic))
+        return results
+
+    def deliver(self, cloudwatch: Any, alarm: str, topic: str) -> Result:
+        set_at = datetime.now(timezone.utc) - timedelta(seconds=5)
+        cloudwatch.set_alarm_state(AlarmName=alarm, StateValue="ALARM",
+                                   StateReason="python -m endpoint_client acceptance: a test of the notification")
+        try:
+            (state,) = cloudwatch.describe_alarms(AlarmNames=[alarm])["MetricAlarms"]
+            if state["StateValue"] != "ALARM":
+                return Result("failed", "alarm delivery", alarm, f"set-alarm-state left it {state['StateValue']}")
+
+            def actions():
+                try:
+                    items = cloudwatch.describe_alarm_history(AlarmName=alarm, HistoryItemType="Action",
+                                                              StartDate=set_at).get("AlarmHistoryItems", [])
+                except (ClientError, BotoCoreError, NotImplementedError) as error:
+                    self.log(f"DescribeAlarmHistory {alarm}: {error}")
+                    return None
+                return [i["HistorySummary"] for i in items if topic in i.get("HistorySummary", "")]
+            summaries, elapsed = self.poll(actions)
+        finally:
+            cloudwatch.set_alarm_state(AlarmName=alarm, StateValue="OK",
+                                       StateReason="python -m endpoint_client acceptance: the test is over")
+        if not summaries:
+            return self.missing("alarm delivery", alarm, f"no notification recorded within {elapsed:.0f} s")
+        failed = [s for s in summaries if not s.startswith("Successfully")]
+        return Result("failed" if failed else "proved", "alarm delivery", alarm, (failed or summaries)[0])
+
+    def rollback_drill(self, kind: str, environment: dict[str, str], image: str | None) -> Result:
+        name = self.config.endpoint_name(kind)
+        sagemaker = self.aws.client("sagemaker")
+        endpoint = sagemaker.describe_endpoint(EndpointName=name)
+        if endpoint["EndpointStatus"] != "InService":
+            return Result("failed", "rollback drill", name, f"the endpoint is {endpoint['EndpointStatus']}")
+        original = endpoint["EndpointConfigName"]
+        config = sagemaker.describe_endpoint_config(EndpointConfigName=original)
+        (variant,) = config["ProductionVariants"]
+        model = sagemaker.describe_model(ModelName=variant["ModelName"])
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S")
+        drill = f"{name}-drill-{stamp}"[:63]
+        container = {key: value for key, value in model["PrimaryContainer"].items() if key != "ModelDataSource"}
+        container["Environment"] = {**container.get("Environment", {}), **environment}
+        if image:
+            container["Image"] = image
+        sagemaker.create_model(ModelName=drill, PrimaryContainer=container, ExecutionRoleArn=model["ExecutionRoleArn"],
+                               EnableNetworkIsolation=model.get("EnableNetworkIsolation", False))
+        copied = {key: config[key] for key in ("KmsKeyId",) if config.get(key)}
+        sagemaker.create_endpoint_config(EndpointConfigName=drill, ProductionVariants=[{**_variant_input(variant),
+                                         "ModelName": drill}], **copied)
+        deployment = endpoint.get("LastDeploymentConfig")
+        try:
+            try:
+                sagemaker.update_endpoint(EndpointName=name, EndpointConfigName=drill, RetainAllVariantProperties=True,
+                                          **({"DeploymentConfig": deployment} if deployment else {}))
+            except (ClientError, NotImplementedError) as error:
+                if self.emulator:
+                    why = error_code(error) if isinstance(error, ClientError) else type(error).__name__
+                    return Result("unprovable", "rollback drill", name,
+                                  f"on {self.emulator}: {ON_MOTO['rollback drill']} (UpdateEndpoint: {why})")
+                raise
+            final, answers = self._drive_update(name, kind)
+            stack = self.aws.client("cloudformation").describe_stacks(
+                StackName=self.config.endpoint_stack_name(kind))["Stacks"][0]["StackStatus"]
+            state = f"endpoint {final['EndpointStatus']} on {final['EndpointConfigName']}, stack {stack}; " \
+                    f"{answers} request(s) sent during the update"
+            if final["EndpointConfigName"] == original:
+                reason = final.get("FailureReason") or "no reason given"
+                return Result("proved", "rollback drill", name, f"SageMaker rolled back ({reason}): {state}")
+            sagemaker.update_endpoint(EndpointName=name, EndpointConfigName=original, RetainAllVariantProperties=True)
+            return Result("failed", "rollback drill", name, f"not rolled back: {state}; UpdateEndpoint to {original} "
+                                                            f"restores the stack's configuration (started)")
+        finally:
+            self._delete_when_unused(sagemaker, name, drill)
+
+    def _drive_update(self, name: str, kind: str) -> tuple[dict[str, Any], int]:
+        """Send requests while the endpoint updates, so that the drill's errors reach the rollback alarms."""
+        sagemaker = self.aws.client("sagemaker")
+        runtime = self.aws.session.client("sagemaker-runtime", endpoint_url=self.aws.endpoint_url)
+        body = (self.examples / "support-route.json").read_bytes() if kind in ADAPTER_KINDS else \
+            json.dumps(CHAT_BODY).encode()
+        answers, deadline = 0, self.clock() + 4 * 3600
+        while self.clock() < deadline:
+            description = sagemaker.describe_endpoint(EndpointName=name)
+            if description["EndpointStatus"] not in ("Updating", "RollingBack", "SystemUpdating"):
+                return description, answers
+            try:
+                runtime.invoke_endpoint(EndpointName=name, Body=body, ContentType="application/json")
+            except (ClientError, BotoCoreError):
+                pass
+            answers += 1
+            self.sleep(2)
+        return sagemaker.describe_endpoint(EndpointName=name), answers
+
+    def _delete_when_unused(self, sagemaker: Any, name: str, drill: str) -> None:
+        try:
+            if sagemaker.describe_endpoint(EndpointName=name)["EndpointConfigName"] != drill:
+                sagemaker.delete_endpoint_config(EndpointConfigName=drill)
+                sagemaker.delete_model(ModelName=drill)
+        except ClientError as error:
+            self.log(f"cleaning up {drill}: {error_code(error)}")
+
+
+def _metrics_of(alarm: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
+    """(namespace, metric, {dimension: value}) of every metric an alarm reads, plain or in metric math."""
+    if alarm.get("MetricName"):
+        return [(alarm["Namespace"], alarm["MetricName"], {d["Name"]: d["Value"] for d in alarm.get("Dimensions", [])})]
+    return [(q["MetricStat"]["Metric"]["Namespace"], q["MetricStat"]["Metric"]["MetricName"],
+             {d["Name"]: d["Value"] for d in q["MetricStat"]["Metric"].get("Dimensions", [])})
+            for q in alarm.get("Metrics", []) if "MetricStat" in q]
+
+
+_VARIANT_INPUT_KEYS = ("VariantName", "InitialInstanceCount", "InstanceType", "InitialVariantWeight",
+                       "VolumeSizeInGB", "ModelDataDownloadTimeoutInSeconds",
+                       "ContainerStartupHealthCheckTimeoutInSeconds", "InferenceAmiVersion", "RoutingConfig",
+                       "InstancePools", "VariantInstanceProvisionTimeoutInSeconds")
+
+
+def _variant_input(variant: dict[str, Any]) -> dict[str, Any]:
+    return {key: variant[key] for key in _VARIANT_INPUT_KEYS if key in variant}
+
+
+def _pairs(values: Sequence[str]) -> dict[str, str]:
+    found = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--drill-environment {value}: expected KEY=VALUE")
+        found[key] = item
+    return found
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m endpoint_client acceptance",
+        description="After a deploy: each endpoint answers, its log line and log metric appear, every alarm's metric "
+                    "exists, storage is below its alarm, every alarm's notification reaches the topic, and (on "
+                    "request) SageMaker rolls back a release that answers errors.")
+    add_common_arguments(parser)
+    parser.add_argument("--emulator", choices=["moto"], help="report what the emulator cannot show as unprovable "
+                                                              "(the deploy rehearsal)")
+    parser.add_argument("--wait", type=float, default=300.0, metavar="SECONDS",
+                        help="how long to wait for a log line, a metric or a notification (default 300)")
+    parser.add_argument("--rollback-drill", choices=["cpu", "gpu", "text_generation"], metavar="KIND",
+                        help="update this endpoint to a copy of its model that answers errors and watch the rollback")
+    parser.add_argument("--drill-environment", action="append", default=[], metavar="KEY=VALUE",
+                        help="the drill model's environment changes, e.g. ADAPTER_MODEL_DIR=/opt/ml/no-model")
+    parser.add_argument("--drill-image", help="the drill model's image (default: the deployed one)")
+    args = parser.parse_args(argv)
+    report = lambda message: print(f"endpoint_client acceptance: {message}", file=sys.stderr)  # noqa: E731
+    try:
+        drill = None
+        if args.rollback_drill:
+            environment = _pairs(args.drill_environment)
+            if not environment and not args.drill_image:
+                raise CommandError("--rollback-drill needs --drill-environment or --drill-image: what makes the "
+                                   "release answer errors")
+            drill = (args.rollback_drill, environment, args.drill_image)
+        config = load_config(args)
+        aws = aws_for(args, config)
+        examples = args.cdk_json.resolve().parent / "examples"
+        results = Acceptance(config, aws, emulator=args.emulator, wait_s=args.wait, examples=examples,
+                             log=report).run(drill)
+    except CommandError as error:
+        report(str(error))
+        return error.exit_code
+    except (NoCredentialsError, PartialCredentialsError) as error:
+        report(f"no AWS credentials: {error}")
+        return EXIT_CONFIGURATION
+    for result in results:
+        print(result.line())
+    counts = {state: sum(r.state == state for r in results) for state in
+              ("proved", "failed", "warn", "unprovable", "skipped")}
+    print(", ".join(f"{n} {state}" for state, n in counts.items()))
+    return EXIT_FAILED if counts["failed"] else EXIT_OK

@@ -1,0 +1,279 @@
+"""The AWS calls each component makes, derived from the code that makes them, as IAM requests to evaluate.
+
+- A CodeBuild project's buildspec (container/buildspec.yml as it is, or the mirror's inline one from the template)
+  runs under bash with the project's environment, as CodeBuild runs it; ``aws``, ``docker``, ``skopeo`` and
+  ``apt-get`` on its PATH are stand-ins that only record their arguments and answer as the real ones would, so that
+  the script goes on. Every recorded command is then turned into the IAM requests the real tool makes
+  (:func:`requests_of_command`). The stand-ins grant nothing: the verdicts come from the role's policies.
+- The model build runs (``model_build.cli.main``) against moto's S3, and botocore's ``before-call`` event records
+  every S3 operation it makes (:class:`BotocoreRecorder`); :func:`requests_of_operation` maps each to its action.
+- CodeBuild's own calls with the role (logs, the source asset) and SageMaker's with an execution role (model data,
+  image pull, logs, metrics, rollback alarms) follow from the synthesized resources that configure them.
+
+What the real tools do, where it is not one API operation: ``aws ecr get-login-password`` calls
+GetAuthorizationToken, ``aws ecr-public get-login-password`` also needs sts:GetServiceBearerToken, ``aws s3 cp FILE
+s3://B/K`` puts the object (in parts above 8 MiB: still s3:PutObject), and a push to ECR (docker push, skopeo copy)
+needs the five actions of ECR_PUSH, a pull the three of ECR_PULL (Amazon ECR's "Required IAM permissions for
+pushing an image" and private repository policy examples).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import botocore.session
+from botocore import xform_name
+
+from deploy.iam_simulation import Deployment, Request
+
+ECR_PUSH = ("ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload", "ecr:UploadLayerPart",
+            "ecr:CompleteLayerUpload", "ecr:PutImage")
+ECR_PULL = ("ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage")
+DOCKER_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+# S3 operations whose IAM action is not s3:<Operation> (Amazon S3's "actions, resources and condition keys").
+S3_ACTIONS = {"HeadObject": "s3:GetObject", "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject",
+              "CompleteMultipartUpload": "s3:PutObject", "ListObjectsV2": "s3:ListBucket",
+              "ListParts": "s3:ListMultipartUploadParts", "HeadBucket": "s3:ListBucket"}
+# The AWS CLI's service names whose IAM prefix differs (aws s3api ... is s3:).
+CLI_SERVICES = {"s3api": "s3"}
+PRIVATE_ECR = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/"
+                         r"(?P<repository>[^:@]+)")
+
+STAND_INS = {
+    "aws": r"""#!/usr/bin/env bash
+printf '%s\0' aws "$@" >> "$CALLS"; printf '\n' >> "$CALLS"
+case "$1 $2" in
+  "ecr get-login-password"|"ecr-public get-login-password") echo token ;;
+  "ecr describe-images")
+    # Before the copy the mirror asks whether the tag is there (no); after a push, what ECR holds.
+    case " $* " in *" --query "*) printf '%s\t%s\n' "$DOCKER_V2" "$PUSHED_DIGEST" ;; *) exit 254 ;; esac ;;
+esac
+""",
+    "docker": r"""#!/usr/bin/env bash
+printf '%s\0' docker "$@" >> "$CALLS"; printf '\n' >> "$CALLS"
+case "$1" in
+  login) cat > /dev/null ;;
+  inspect) echo "$REPOSITORY_URI@$PUSHED_DIGEST" ;;
+esac
+""",
+    "skopeo": r"""#!/usr/bin/env bash
+printf '%s\0' skopeo "$@" >> "$CALLS"; printf '\n' >> "$CALLS"
+case "$1" in
+  login) cat > /dev/null ;;
+  inspect) printf '{"mediaType": "%s"}\n' "$DOCKER_V2" ;;
+esac
+""",
+    "apt-get": "#!/usr/bin/env bash\nexit 0\n",
+}
+
+
+def run_buildspec(spec: dict[str, Any], environment: dict[str, str], workdir: Path,
+                  phases: tuple[str, ...] = ("install", "pre_build", "build", "post_build")) -> list[list[str]]:
+    """Every command of the buildspec's phases in one bash, in order, as CodeBuild runs them; the argv of each
+    ``aws``/``docker``/``skopeo`` command it ran."""
+    assert spec["env"]["shell"] == "bash"
+    script = "\n".join(c for phase in phases for c in spec["phases"].get(phase, {}).get("commands", []))
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in STAND_INS.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    calls = workdir / "calls"
+    # What ECR reports for the pushed image: a built image's digest, or the mirrored source's (copied byte for byte).
+    pushed = environment.get("SOURCE_IMAGE", "").rpartition("@")[2] or "sha256:" + "ab" * 32
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls), "DOCKER_V2": DOCKER_V2,
+           "PUSHED_DIGEST": pushed, "CODEBUILD_BUILD_SUCCEEDING": "1",
+           "CODEBUILD_BUILD_ID": "project:0001", "HOME": str(workdir), **environment}
+    done = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise AssertionError(f"the buildspec failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return [line.rstrip("\0").split("\0") for line in calls.read_text().splitlines() if line] if calls.exists() else []
+
+
+def requests_of_command(argv: list[str], *, account: str, region: str, partition: str = "aws") -> list[Request]:
+    """The IAM requests the real tool makes for one recorded command line."""
+    source = shlex.join(argv)
+    tool, args = argv[0], argv[1:]
+    if tool in ("docker", "skopeo"):
+        found = []
+        if tool == "docker" and args[0] == "push":
+            found += _ecr_image_requests(args[1], ECR_PUSH, source, partition)
+        if tool == "skopeo" and args[0] == "copy":
+            images = [a.removeprefix("docker://") for a in args if a.startswith("docker://")]
+            found += _ecr_image_requests(images[0], ECR_PULL, source, partition)
+            found += _ecr_image_requests(images[1], ECR_PUSH, source, partition)
+        if tool == "skopeo" and args[0] == "inspect":
+            found += _ecr_image_requests(args[-1].removeprefix("docker://"), ("ecr:BatchGetImage",), source,
+                                         partition)
+        return found     # login, build, inspect: no AWS API (the registry token came from get-login-password)
+    service, command, options = args[0], args[1], _options(args[2:])
+    region = options.get("region", region)
+    if (service, command) == ("ecr", "get-login-password"):
+        return [Request("ecr:GetAuthorizationToken", "*", source=source)]
+    if (service, command) == ("ecr-public", "get-login-password"):
+        return [Request("ecr-public:GetAuthorizationToken", "*", source=source),
+                Request("sts:GetServiceBearerToken", "*", source=source)]
+    if (service, command) == ("s3", "cp"):
+        local, target = [a for a in args[2:] if not a.startswith("--")][:2]
+        if not target.startswith("s3://") or local.startswith("s3://"):
+            raise ValueError(f"{source}: only uploads of a local file are mapped")
+        bucket, _, key = target[5:].partition("/")
+        return [Request("s3:PutObject", f"arn:{partition}:s3:::{bucket}/{key}", source=source)]
+    operation = _operation(CLI_SERVICES.get(service, service), command)
+    prefix = CLI_SERVICES.get(service, service)
+    if prefix == "ecr" and "repository-name" in options:
+        registry = options.get("registry-id", account)
+        return [Request(f"ecr:{operation}", f"arn:{partition}:ecr:{region}:{registry}:repository/"
+                                            f"{options['repository-name']}", source=source)]
+    raise ValueError(f"{source}: no IAM mapping for aws {service} {command}; add it to tests/cdk/role_calls.py")
+
+
+def _options(args: list[str]) -> dict[str, str]:
+    found, i = {}, 0
+    while i < len(args):
+        if args[i].startswith("--"):
+            name = args[i][2:]
+            if "=" in name:
+                name, value = name.split("=", 1)
+                found[name] = value
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                found[name] = args[i + 1]
+                i += 1
+            else:
+                found[name] = ""
+        i += 1
+    return found
+
+
+def _operation(service: str, command: str) -> str:
+    """The API operation an ``aws SERVICE COMMAND`` runs: the CLI names commands by xform_name(operation, '-')."""
+    model = botocore.session.get_session().get_service_model(service)
+    for name in model.operation_names:
+        if xform_name(name, "-") == command:
+            return name
+    raise ValueError(f"aws {service} {command}: no such operation in botocore's {service} model")
+
+
+def _ecr_image_requests(image: str, actions: tuple[str, ...], source: str, partition: str) -> list[Request]:
+    match = PRIVATE_ECR.match(image)
+    if match is None:
+        return []        # a public registry: no IAM of this account
+    arn = f"arn:{partition}:ecr:{match['region']}:{match['account']}:repository/{match['repository']}"
+    return [Request(action, arn, source=source) for action in actions]
+
+
+# --- boto3 calls, recorded as they are made -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Operation:
+    service: str
+    name: str
+    params: dict[str, Any]
+
+
+class BotocoreRecorder:
+    """Records every API operation the clients of a botocore session make, with its parameters (the
+    ``before-parameter-build`` event), from any thread (s3transfer uploads parts in its own)."""
+
+    def __init__(self) -> None:
+        self.operations: list[Operation] = []
+        self._lock = threading.Lock()
+
+    def attach(self, events) -> None:
+        events.register("before-parameter-build", self._record, unique_id="role-calls-recorder")
+
+    def _record(self, params: dict[str, Any], model, **_: Any) -> None:
+        with self._lock:
+            self.operations.append(Operation(model.service_model.service_name, model.name, dict(params)))
+
+
+def requests_of_operation(operation: Operation, *, partition: str = "aws") -> list[Request]:
+    source = f"boto3 {operation.service}.{operation.name}"
+    if operation.service != "s3":
+        raise ValueError(f"{source}: only S3 operations are mapped")
+    action = S3_ACTIONS.get(operation.name, f"s3:{operation.name}")
+    params = operation.params
+    if "Key" in params:
+        return [Request(action, f"arn:{partition}:s3:::{params['Bucket']}/{params['Key']}", source=source)]
+    context = {"s3:prefix": params["Prefix"]} if "Prefix" in params else {}
+    return [Request(action, f"arn:{partition}:s3:::{params['Bucket']}", context, source=source)]
+
+
+# --- what the services themselves do with a role ----------------------------------------------------------------
+
+def codebuild_service_requests(deployment: Deployment, stack: str, project: dict[str, Any]) -> list[Request]:
+    """CodeBuild's own calls with a project's role: its log group (LogsConfig) and its S3 source."""
+    properties = deployment.resolve(stack, project["Properties"])
+    group = properties["LogsConfig"]["CloudWatchLogs"]["GroupName"]
+    streams = f"arn:{deployment.partition}:logs:{deployment.region}:{deployment.account}:log-group:{group}:" \
+              f"log-stream:build-0001"
+    found = [Request("logs:CreateLogStream", streams, source="CodeBuild: LogsConfig"),
+             Request("logs:PutLogEvents", streams, source="CodeBuild: LogsConfig")]
+    source = properties.get("Source", {})
+    if source.get("Type") == "S3":
+        bucket, _, key = source["Location"].partition("/")
+        found += [Request(a, f"arn:{deployment.partition}:s3:::{bucket}/{key}", source="CodeBuild: Source")
+                  for a in ("s3:GetObject", "s3:GetObjectVersion")]
+        found += [Request(a, f"arn:{deployment.partition}:s3:::{bucket}", source="CodeBuild: Source")
+                  for a in ("s3:GetBucketLocation", "s3:GetBucketAcl")]
+    return found
+
+
+def endpoint_execution_requests(deployment: Deployment, stack: str) -> list[Request]:
+    """SageMaker's calls with an endpoint's execution role, from the Model, Endpoint and EndpointConfig: the model
+    archive, the image, the container's logs and the instance metrics, and the rollback alarms' state."""
+    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
+    (endpoint,) = deployment.resources_of_type(stack, "AWS::SageMaker::Endpoint").values()
+    container = deployment.resolve(stack, model["Properties"]["PrimaryContainer"])
+    found = []
+    bucket, _, key = container["ModelDataUrl"].removeprefix("s3://").partition("/")
+    found.append(Request("s3:GetObject", f"arn:{deployment.partition}:s3:::{bucket}/{key}",
+                         source="SageMaker: ModelDataUrl"))
+    found.append(Request("ecr:GetAuthorizationToken", "*", source="SageMaker: Image"))
+    found += _ecr_image_requests(container["Image"], ECR_PULL, "SageMaker: Image", deployment.partition)
+    # SageMaker writes the container's output to /aws/sagemaker/Endpoints/<EndpointName>, a stream per instance.
+    name = deployment.resolve(stack, endpoint["Properties"]["EndpointName"])
+    group = f"arn:{deployment.partition}:logs:{deployment.region}:{deployment.account}:log-group:" \
+            f"/aws/sagemaker/Endpoints/{name}"
+    stream = f"{group}:log-stream:AllTraffic/i-0123456789abcdef0"
+    # CloudWatch Logs authorizes a log-group action on the group's ARN with ":*" appended (what DescribeLogGroups
+    # returns as its arn): a statement on the bare group ARN does not allow it.
+    found += [Request("logs:CreateLogStream", stream, source="SageMaker: container logs"),
+              Request("logs:PutLogEvents", stream, source="SageMaker: container logs"),
+              Request("logs:DescribeLogStreams", f"{group}:*", source="SageMaker: container logs"),
+              Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"},
+                      source="SageMaker: instance metrics")]
+    rollback = deployment.resolve(stack, endpoint["Properties"]["DeploymentConfig"])["AutoRollbackConfiguration"]
+    found += [Request("cloudwatch:DescribeAlarms", f"arn:{deployment.partition}:cloudwatch:{deployment.region}:"
+                      f"{deployment.account}:alarm:{alarm['AlarmName']}", source="SageMaker: AutoRollbackConfiguration")
+              for alarm in rollback["Alarms"]]
+    return found
+
+
+def transform_requests(deployment: Deployment, bucket: str, plan_request: dict[str, Any], input_keys: list[str],
+                       output_key: Callable[[str], str]) -> list[Request]:
+    """SageMaker's calls with the model's role during a transform job that ``endpoint_client transform`` starts:
+    list and read the S3Prefix input, write each output object, log and publish the job's instance metrics."""
+    partition, region, account = deployment.partition, deployment.region, deployment.account
+    source = f"SageMaker: transform job {plan_request['TransformJobName']}"
+    prefix = plan_request["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"].removeprefix(f"s3://{bucket}/")
+    found = [Request("s3:ListBucket", f"arn:{partition}:s3:::{bucket}", {"s3:prefix": prefix}, source=source)]
+    found += [Request("s3:GetObject", f"arn:{partition}:s3:::{bucket}/{key}", source=source) for key in input_keys]
+    found += [Request(action, f"arn:{partition}:s3:::{bucket}/{output_key(key)}", source=source)
+              for key in input_keys for action in ("s3:PutObject", "s3:AbortMultipartUpload")]
+    group = f"arn:{partition}:logs:{region}:{account}:log-group:/aws/sagemaker/TransformJobs"
+    stream = f"{group}:log-stream:{plan_request['TransformJobName']}/i-0123456789abcdef0"
+    found += [Request("logs:CreateLogStream", stream, source=source), Request("logs:PutLogEvents", stream, source=source),
+              Request("logs:DescribeLogStreams", f"{group}:*", source=source),
+              Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/TransformJobs"},
+                      source=source)]
+    return found

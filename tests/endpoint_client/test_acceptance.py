@@ -1,0 +1,110 @@
+"""python -m endpoint_client acceptance: how it reads what AWS answers. Against moto the deploy rehearsal runs it end
+to end (every check unprovable there, each with its reason: tests/deploy/test_rehearse.py); here the answers a
+real account gives (CloudWatch's alarm history, ListMetrics' series, DiskUtilization datapoints), in the response
+shapes of botocore's models, decide proved or failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import botocore.session
+import pytest
+
+from deploy.pins import pinned_context
+from endpoint_client import acceptance
+from stacks.config import load_environment
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPIC = "arn:aws:sns:eu-west-1:111122223333:decision-dev-alarms"
+CLOUDWATCH = botocore.session.get_session().get_service_model("cloudwatch")
+
+
+def config():
+    context = pinned_context(json.loads((ROOT / "cdk.json").read_text())["context"])
+    return load_environment(context["environments"], "dev", model_pins=["qwen3.5-4b"])
+
+
+class FakeCloudWatch:
+    def __init__(self, history=(), metrics=(), datapoints=()):
+        self.history, self.metrics, self.datapoints, self.states = list(history), list(metrics), list(datapoints), []
+
+    def set_alarm_state(self, AlarmName, StateValue, StateReason):
+        self.states.append((AlarmName, StateValue))
+
+    def describe_alarms(self, AlarmNames):
+        return {"MetricAlarms": [{"AlarmName": AlarmNames[0], "StateValue": self.states[-1][1]}]}
+
+    def describe_alarm_history(self, **kwargs):
+        assert kwargs["HistoryItemType"] == "Action"
+        return {"AlarmHistoryItems": [{"AlarmName": kwargs["AlarmName"], "HistoryItemType": "Action",
+                                       "HistorySummary": summary} for summary in self.history]}
+
+    def list_metrics(self, **kwargs):
+        return {"Metrics": self.metrics}
+
+    def get_metric_statistics(self, **kwargs):
+        return {"Datapoints": self.datapoints}
+
+
+def checker(cloudwatch, emulator=None):
+    aws = SimpleNamespace(client=lambda service: cloudwatch)
+    return acceptance.Acceptance(config(), aws, emulator=emulator, wait_s=0, examples=ROOT / "examples",
+                                 sleep=lambda s: None)
+
+
+def test_the_response_shapes_read_here_are_cloudwatchs():
+    history = CLOUDWATCH.operation_model("DescribeAlarmHistory").output_shape.members["AlarmHistoryItems"].member
+    assert {"AlarmName", "HistoryItemType", "HistorySummary"} <= set(history.members)
+    assert "Action" in CLOUDWATCH.shape_for("HistoryItemType").enum
+    metric = CLOUDWATCH.operation_model("ListMetrics").output_shape.members["Metrics"].member
+    assert {"Namespace", "MetricName", "Dimensions"} <= set(metric.members)
+
+
+@pytest.mark.parametrize("summary, state", [
+    (f"Successfully executed action {TOPIC}", "proved"),
+    (f"Failed to execute action {TOPIC}. Received error: \"CloudWatch Alarms does not have authorization to access "
+     "the SNS topic encryption key.\"", "failed"),
+])
+def test_alarm_delivery_is_what_cloudwatch_recorded_and_the_alarm_goes_back_to_ok(summary, state):
+    cloudwatch = FakeCloudWatch(history=[summary])
+    result = checker(cloudwatch).deliver(cloudwatch, "decision-dev-cpu-DiskUtilization", TOPIC)
+    assert (result.state, result.detail) == (state, summary)
+    assert cloudwatch.states == [("decision-dev-cpu-DiskUtilization", "ALARM"), ("decision-dev-cpu-DiskUtilization", "OK")]
+
+
+def test_no_recorded_notification_fails_on_aws_and_is_unprovable_on_moto():
+    assert checker(FakeCloudWatch()).deliver(FakeCloudWatch(), "a", TOPIC).state == "failed"
+    moto = checker(FakeCloudWatch(), emulator="moto").deliver(FakeCloudWatch(), "a", TOPIC)
+    assert moto.state == "unprovable" and "runs no alarm actions" in moto.detail
+
+
+ALARM = {"AlarmName": "decision-dev-gpu-MemoryUtilization", "Namespace": "/aws/sagemaker/Endpoints",
+         "MetricName": "MemoryUtilization", "Threshold": 90,
+         "Dimensions": [{"Name": "EndpointName", "Value": "decision-dev-gpu"}, {"Name": "VariantName", "Value": "AllTraffic"}]}
+
+
+def test_an_alarm_whose_series_exists_is_proved():
+    series = {"Namespace": ALARM["Namespace"], "MetricName": ALARM["MetricName"], "Dimensions": ALARM["Dimensions"]}
+    (result,) = checker(FakeCloudWatch(metrics=[series])).metric_checks("gpu", [ALARM])
+    assert result.state == "proved"
+
+
+def test_pools_that_publish_only_per_instance_type_series_leave_the_variant_alarm_without_data():
+    series = {"Namespace": ALARM["Namespace"], "MetricName": ALARM["MetricName"],
+              "Dimensions": ALARM["Dimensions"] + [{"Name": "InstanceType", "Value": "ml.g6e.xlarge"}]}
+    (result,) = checker(FakeCloudWatch(metrics=[series])).metric_checks("gpu", [ALARM])
+    assert result.state == "failed" and "only series with more dimensions (InstanceType) exist" in result.detail
+
+
+@pytest.mark.parametrize("used, state", [(31.0, "proved"), (86.0, "failed")])
+def test_storage_is_measured_against_the_disk_alarm(used, state):
+    disk = {**ALARM, "AlarmName": "decision-dev-cpu-DiskUtilization", "Threshold": 85}
+    result = checker(FakeCloudWatch(datapoints=[{"Maximum": used}, {"Maximum": 12.0}])).storage("cpu", [disk])
+    assert result.state == state and f"{used:.1f} %" in result.detail
+
+
+def test_a_drill_needs_something_that_makes_the_release_fail(capsys):
+    code = acceptance.main(["-c", "env=dev", "--cdk-json", str(ROOT / "cdk.json"), "--rollback-drill", "cpu"])
+    assert code == 2 and "--rollback-drill needs --drill-environment or --drill-image" in capsys.readouterr().err
