@@ -2,6 +2,9 @@
 
 The server classifies any exception into a ``Failure`` (``server.errors.classify``); each protocol turns a
 ``Failure`` into its own body (``protocols.dispatch.Protocol.render``).
+
+may import from the package: nothing
+never imports: flask, werkzeug, gunicorn, llama_cpp, pydantic
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 decision model and score a probe through it; and the readiness it reaches.
 
 ``/ping`` reads ``Readiness`` only; it never loads anything itself.
+
+may import from the package: engine, decisions, settings, errors
+never imports: flask, werkzeug, gunicorn, llama_cpp
 """
 
 from __future__ import annotations
