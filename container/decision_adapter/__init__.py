@@ -9,12 +9,12 @@ each layer's docstring and fails on any import that breaks them, or on any impor
 - ``protocols/``: the wire formats (request and response models, answers, dispatch, the OpenAPI document);
 - ``server/``: HTTP (the only code that imports flask, werkzeug or gunicorn).
 
-At the top stay what spans the layers: ``settings`` (every knob, read once from the environment),
-``startup`` (the composition root: engine, scheduler and decision model built and probed), ``errors`` (the
-errors that reach clients), ``calibrate`` (the command that fits calibration.json), ``metric_logs`` (the log
-lines CloudWatch metrics read).
+At the top stay what spans the layers, each module with rule lines of its own: ``errors`` (the errors that reach
+clients) and ``metric_logs`` (the log lines CloudWatch metrics read) below everything; ``settings`` (every knob,
+read once from the environment) and ``startup`` (engine, scheduler and decision model built and probed), the
+composition root; ``calibrate``, the entry point that fits calibration.json.
 
-Rules for the modules at the top:
-may import from the package: engine, decisions, protocols, server
+This file itself:
+may import from the package: nothing
 never imports: flask, werkzeug, gunicorn, llama_cpp
 """

@@ -6,6 +6,9 @@ adapter's own decision model, uncalibrated, with the prompt this adapter renders
 type (noul, choice, score) is fitted by negative log-likelihood; a group-disjoint cross-validation reports how
 much the temperatures help on rows they were not fitted on. The file names the GGUF's SHA-256 and the prompt
 version, so the adapter refuses it for any other model or prompt.
+
+may import from the package: decisions, protocols, settings, startup, errors
+never imports: flask, werkzeug, gunicorn, llama_cpp
 """
 
 from __future__ import annotations

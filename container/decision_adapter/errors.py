@@ -2,6 +2,9 @@
 
 The server classifies any exception into a ``Failure`` (``server.errors.classify``); each protocol turns a
 ``Failure`` into its own body (``protocols.dispatch.Protocol.render``).
+
+may import from the package: nothing
+never imports: flask, werkzeug, gunicorn, llama_cpp, pydantic
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ Loc = tuple[str | int, ...]
 
 class ApiError(Exception):
     """An HTTP answer other than success: its status, message and headers. ``retryable`` marks a transient
-    refusal (busy, not ready, past a deadline) that the same request may pass later; a Batch Transform
-    mini-batch with one such line is refused whole, so that SageMaker retries it."""
+    refusal (busy, not ready, past a deadline) that the same request may pass later (in a batch, the record's
+    error line says so: protocols.openapi.BATCH_LINES)."""
 
     def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None,
                  retryable: bool = False):

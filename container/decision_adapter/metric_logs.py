@@ -10,6 +10,9 @@ logs it through :meth:`LogLine.log`, and the CDK app (``stacks/``) builds its fi
 This module imports only the standard library and nothing else of the package, so that the CDK app can load
 it without the adapter or its dependencies installed. Do not rename a logger, a message or a field here
 without deploying the stacks again.
+
+may import from the package: nothing
+never imports: flask, werkzeug, gunicorn, llama_cpp, pydantic
 """
 
 from __future__ import annotations

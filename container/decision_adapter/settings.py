@@ -8,6 +8,9 @@ ge=..., le=...)``; pydantic checks types and bounds, and every error names the v
 ``Settings`` is a pydantic dataclass rather than pydantic-settings' ``BaseSettings``: the latter reads
 ``os.environ`` whenever one is constructed (tests build them freely) and is no dataclass, which
 ``dataclasses.replace`` (tests, benchmarks) needs; reading the variables is the few lines of ``from_env``.
+
+may import from the package: decisions, errors
+never imports: flask, werkzeug, gunicorn, llama_cpp
 """
 
 from __future__ import annotations

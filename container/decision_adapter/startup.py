@@ -2,6 +2,9 @@
 decision model and score a probe through it; and the readiness it reaches.
 
 ``/ping`` reads ``Readiness`` only; it never loads anything itself.
+
+may import from the package: engine, decisions, settings, errors
+never imports: flask, werkzeug, gunicorn, llama_cpp
 """
 
 from __future__ import annotations
@@ -61,29 +64,37 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                         calibrated: bool = True) -> DecisionModel:
     """Verify the GGUF against its manifest (and a calibration.json against both), load it (unless an engine is
     given), start its scheduler and score the probe; ``calibrated=False`` ignores a calibration file (to fit a
-    new one). ``DecisionModel.close()`` stops the scheduler and frees the engine."""
+    new one). ``DecisionModel.close()`` stops the scheduler, and frees the engine where it loaded it here."""
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
+    owns_engine = engine is None
     if engine is None:
         from .engine.core import Engine
 
         engine = Engine(str(gguf), engine_options(settings))
-    layout = prompt_layout(engine, STYLES[settings.prompt_style])
-    calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
-                                   permutations=settings.permutations, debias=settings.debias) if calibrated else None
-    runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture, "threads": settings.threads,
-               "gpu_layers": settings.gpu_layers, "flash_attention": settings.flash_attention,
-               "kv_cache_type": settings.kv_cache_type, "layout": settings.layout}
-    scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
+    scheduler = None
     try:
+        layout = prompt_layout(engine, STYLES[settings.prompt_style])
+        calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
+                                       permutations=settings.permutations, debias=settings.debias) \
+            if calibrated else None
+        runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture,
+                   "threads": settings.threads, "gpu_layers": settings.gpu_layers,
+                   "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
+                   "layout": settings.layout}
+        scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                               served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
-                              default_permutations=settings.permutations, default_debias=settings.debias)
+                              default_permutations=settings.permutations, default_debias=settings.debias,
+                              owns_engine=owns_engine)
         model.probe()
     except BaseException:
-        scheduler.stop()
+        if scheduler is not None:
+            scheduler.stop()
+        if owns_engine:
+            engine.close()  # a failed start-up keeps nothing loaded
         raise
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
                                               "manifest": identity.manifest,

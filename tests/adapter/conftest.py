@@ -1,7 +1,8 @@
 """Fixtures for the adapter tests, chained settings -> engine -> app -> client.
 
 The engine is the real llama.cpp on the embedded SmolLM2-135M model, loaded once per session; each
-app builds its own decision model over it (which re-primes the resident prefix).
+app builds its own decision model over it (which re-primes the resident prefix). What a test builds is closed
+after it (``close_what_the_test_built``): each app's scheduler thread stopped, each engine it loaded freed.
 """
 
 from __future__ import annotations
@@ -39,11 +40,51 @@ def engine(settings: Settings):
         yield real
 
 
+def close_app(application) -> None:
+    application.extensions["decision_adapter"].close()
+
+
+@pytest.fixture(autouse=True)
+def close_what_the_test_built(request, monkeypatch):
+    """Apps (``create_app``) and decision models (``load_decision_model``) a test builds through its module's
+    names are closed when it ends, so that a run does not pile up scheduler threads and loaded models."""
+    import decision_adapter.server.app as app_module
+    import decision_adapter.startup as startup_module
+
+    built: list = []
+    closers = {app_module.create_app: close_app, startup_module.load_decision_model: lambda model: model.close()}
+
+    def recording(factory):
+        def build(*args, **kwargs):
+            thing = factory(*args, **kwargs)
+            built.append((closers[factory], thing))
+            return thing
+        return build
+
+    for name, value in list(vars(request.module).items()):
+        if any(value is factory for factory in closers):
+            monkeypatch.setattr(request.module, name, recording(value))
+    before = schedulers()
+    yield
+    for close, thing in reversed(built):
+        close(thing)
+    left = schedulers() - before
+    assert not left, f"the test left {len(left)} scheduler thread(s) running: close what it opens"
+
+
+def schedulers() -> set:
+    """The scheduler threads alive in this process (one per decision model)."""
+    import threading
+
+    return {t for t in threading.enumerate() if t.name == "scheduler" and t.is_alive()}
+
+
 @pytest.fixture(scope="session")
 def app(settings: Settings, engine):
     application = create_app(settings, engine)
     assert application.extensions["decision_adapter"].readiness.state == "ready"
-    return application
+    yield application
+    close_app(application)
 
 
 @pytest.fixture
@@ -79,7 +120,9 @@ def tight_settings(settings: Settings) -> Settings:
 
 @pytest.fixture(scope="session")
 def tight_app(tight_settings: Settings, engine):
-    return create_app(tight_settings, engine)
+    application = create_app(tight_settings, engine)
+    yield application
+    close_app(application)
 
 
 @pytest.fixture

@@ -180,30 +180,39 @@ def test_32_clients_for_60_seconds_get_only_right_answers_and_retryable_503s(set
 
 
 def test_sigterm_under_load_finishes_the_requests_in_flight_and_exits_0(settings):
+    """SIGTERM while eight requests are in flight (the server's own count, /ping's admitted, says so: no guess at
+    how long a busy machine takes to get them there): those eight are answered, later ones are refused or get a
+    retryable 503, and the worker exits 0 within its graceful timeout."""
+    in_flight = 8
     bodies = [{"decision": decision(i, f"{TICKETS[i % 3]} Shutdown case {i}.")} for i in range(40)]
-    with live_server(settings.model_dir, ADAPTER_GRACEFUL_TIMEOUT_S="30") as (base, process):
-        results: list[tuple[float, object]] = []
+    with live_server(settings.model_dir, ADAPTER_GRACEFUL_TIMEOUT_S="120", ADAPTER_REQUEST_TIMEOUT_S="300") \
+            as (base, process):
+        results: list[tuple[bool, object]] = []
+        signalled = threading.Event()
 
         def call(body):
-            sent = time.monotonic()
+            before = not signalled.is_set()
             try:
-                response = requests.post(f"{base}/invocations", json=body, timeout=60)
-                results.append((sent, (response.status_code, response.headers.get("Retry-After"))))
+                response = requests.post(f"{base}/invocations", json=body, timeout=300)
+                results.append((before, (response.status_code, response.headers.get("Retry-After"))))
             except requests.ConnectionError:
-                results.append((sent, "refused"))
+                results.append((before, "refused"))
 
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(call, body) for body in bodies[:16]]
-            time.sleep(2)
-            signalled = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(in_flight) as pool:
+            futures = [pool.submit(call, body) for body in bodies[:in_flight]]
+            waited = time.monotonic() + 120
+            while requests.get(f"{base}/ping", timeout=30).json().get("admitted", 0) < in_flight:
+                assert time.monotonic() < waited, "the requests were never all admitted"
+                time.sleep(0.02)
+            signalled.set()
             process.send_signal(signal.SIGTERM)
-            futures += [pool.submit(call, body) for body in bodies[16:]]
-            concurrent.futures.wait(futures, timeout=90)
-        exit_code = process.wait(40)
-        ended = time.monotonic()
+            futures += [pool.submit(call, body) for body in bodies[in_flight:]]
+            concurrent.futures.wait(futures, timeout=300)
+        exit_code = process.wait(150)
 
-    assert exit_code == 0 and ended - signalled < 35
+    assert exit_code == 0
     answered = [outcome for _, outcome in results if outcome != "refused"]
     assert all(status == 200 or (status == 503 and retry_after) for status, retry_after in answered), results
-    sent_before = [outcome for sent, outcome in results if sent < signalled]
-    assert sum(outcome == (200, None) for outcome in sent_before) >= 8, "requests in flight were answered"
+    admitted_before = [outcome for before, outcome in results if before]
+    assert len(admitted_before) == in_flight and all(o == (200, None) for o in admitted_before), \
+        f"every request in flight at the signal is answered: {admitted_before}"

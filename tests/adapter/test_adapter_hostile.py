@@ -181,7 +181,11 @@ def test_content_type_charset(client, example, content_type, status):
 
 @pytest.fixture(scope="module")
 def keyed_client(settings, engine):
-    return create_app(settings.replace(api_key="s3cret"), engine).test_client()
+    from conftest import close_app
+
+    app = create_app(settings.replace(api_key="s3cret"), engine)
+    yield app.test_client()
+    close_app(app)
 
 
 @pytest.mark.parametrize("path, body, authorization, status", [

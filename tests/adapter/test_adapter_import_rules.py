@@ -1,13 +1,14 @@
 """The adapter's layers keep their import rules, and no import circle exists.
 
-Each layer's ``__init__`` docstring (and the package's own, for the modules at the top) ends with two lines::
+Each layer's ``__init__`` docstring, and each module's at the top of the package (``settings``, ``startup``,
+``errors``, ...: a layer of one module each), ends with two lines::
 
     may import from the package: engine, errors
     never imports: flask, werkzeug, gunicorn, llama_cpp
 
 This test reads them, walks every module's imports with ``ast`` (imports inside functions included: a lazy
-import is an import), and fails on an import the importing layer's lines do not allow, or on any import circle
-between the package's modules.
+import is an import), and fails on an import the importing layer's lines do not allow, on a module at the top
+without lines of its own, or on any import circle between the package's modules.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def layer_of(module: str) -> str:
+    """A layer's name (engine, ...), a top-level module's own name (settings, ...), or ``top`` for the package."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else TOP
+    return parts[1] if len(parts) > 1 else TOP
 
 
 def rules_of(docstring: str) -> Rules:
@@ -67,9 +69,16 @@ def rules_of(docstring: str) -> Rules:
 
 
 def read_rules(root: Path) -> dict[str, Rules]:
-    rules = {TOP: rules_of(ast.get_docstring(ast.parse((root / "__init__.py").read_text())) or "")}
+    """The rules of the package's own ``__init__`` (``top``), of each layer, and of each module at the top."""
+    def docstring(path: Path) -> str:
+        return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+    rules = {TOP: rules_of(docstring(root / "__init__.py"))}
     for layer in LAYERS:
-        rules[layer] = rules_of(ast.get_docstring(ast.parse((root / layer / "__init__.py").read_text())) or "")
+        rules[layer] = rules_of(docstring(root / layer / "__init__.py"))
+    for path in sorted(root.glob("*.py")):
+        if path.name != "__init__.py":
+            rules[path.stem] = rules_of(docstring(path))
     return rules
 
 
@@ -103,10 +112,9 @@ def violations(root: Path) -> list[str]:
             rule = rules[layer]
             where = f"{imp.module} (line {imp.line}) imports {imp.target}"
             if imp.target == PACKAGE or imp.target.startswith(PACKAGE + "."):
-                target_layer = layer_of(imp.target)
-                if target_layer == layer:
+                name = layer_of(imp.target)
+                if name == layer:
                     continue
-                name = target_layer if target_layer != TOP else imp.target.split(".")[1]
                 if name not in rule.may_import:
                     problems.append(f"{where}: the {layer} layer may import only {sorted(rule.may_import)}")
             elif imp.target.split(".")[0] in rule.never_imports:
@@ -171,6 +179,12 @@ def test_the_rules_say_what_readme_says():
     assert all({"flask", "werkzeug", "gunicorn"} <= rules[layer].never_imports for layer in rules if layer != "server")
     assert rules["engine"].may_import == frozenset()
     assert "engine" not in rules["protocols"].may_import
+    # below everything: the errors and the log lines import nothing of the package (metric_logs is loaded by
+    # path by the CDK app); nothing but the server and the entry points import the composition root
+    assert rules["errors"].may_import == rules["metric_logs"].may_import == frozenset()
+    assert {"settings", "startup", "errors", "metric_logs", "calibrate"} <= set(rules)
+    assert all("server" not in rules[name].may_import for name in rules if name != TOP)
+    assert all("startup" not in rules[layer].may_import for layer in ("engine", "decisions", "protocols"))
 
 
 def _copy_with(tmp_path: Path, relative: str, source: str) -> Path:
@@ -185,12 +199,21 @@ def _copy_with(tmp_path: Path, relative: str, source: str) -> Path:
     ("decisions/extra.py", "def f():\n    import flask\n", "the decisions layer never imports flask"),
     ("protocols/extra.py", "from ..engine.readout import softmax\n", "the protocols layer may import only"),
     ("protocols/extra.py", "import llama_cpp\n", "the protocols layer never imports llama_cpp"),
-    ("settings_extra.py", "from werkzeug import exceptions\n", "the top layer never imports werkzeug"),
+    ("settings.py", None, "the settings layer may import only ['decisions', 'errors']"),
+    ("errors.py", None, "the errors layer may import only []"),
 ])
 def test_a_forbidden_import_is_found(tmp_path, relative, source, expected):
-    assert violations(_copy_with(tmp_path, relative, "")) == []
-    found = violations(_copy_with(tmp_path / "broken", relative, source))
+    """A new module with the import, or (``source`` None) an import of the server added to a top-level module."""
+    original = (PACKAGE_DIR / relative).read_text() if source is None else ""
+    assert violations(_copy_with(tmp_path, relative, original)) == []
+    broken = original + "\nfrom .server import app\n" if source is None else source
+    found = violations(_copy_with(tmp_path / "broken", relative, broken))
     assert len(found) == 1 and expected in found[0], found
+
+
+def test_a_module_at_the_top_without_rule_lines_is_refused(tmp_path):
+    with pytest.raises(AssertionError, match="no rule lines"):
+        read_rules(_copy_with(tmp_path, "helpers.py", '"""Some helpers."""\n'))
 
 
 def test_an_import_circle_is_found(tmp_path):

@@ -104,9 +104,12 @@ def independent(settings):
 @pytest.fixture(scope="module")
 def patient_app(settings, engine):
     """255 options are about 4,000 tokens: a minute on 2 busy cores, past the 55 s a real-time request gets."""
+    from conftest import close_app
     from decision_adapter.server.app import create_app
 
-    return create_app(settings.replace(request_timeout_s=900), engine)
+    app = create_app(settings.replace(request_timeout_s=900), engine)
+    yield app
+    close_app(app)
 
 
 @pytest.mark.parametrize("n", [27, 255])

@@ -181,3 +181,49 @@ def test_serve_refuses_bad_settings_and_missing_models(tmp_path):
         done = subprocess.run([sys.executable, "-m", "decision_adapter.server.serve"], env={**base, **env},
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr
+
+
+def test_closing_the_engine_under_a_running_decode_waits_for_its_step_and_later_jobs_fail_cleanly(settings):
+    """Freeing llama.cpp's context under a running llama_decode would crash the process: close aborts the decode,
+    waits for its step under the engine's lock, and a job begun afterwards fails with a clear error."""
+    import dataclasses
+    import threading
+    import time
+
+    from decision_adapter.engine.errors import EngineError, ScoringFailed
+    from decision_adapter.protocols import decision_schema
+    from decision_adapter.protocols.fields import RequestContext
+    from decision_adapter.startup import engine_options, load_decision_model
+
+    quiet = dataclasses.replace(settings, state_cache_mb=0)
+    engine = Engine(str(find_gguf(settings.model_dir)), engine_options(quiet))
+    model = load_decision_model(quiet, engine)
+    try:
+        def question(state: str):
+            decision = {"id": "d", "state": state, "question": "Which team?",
+                        "options": [{"id": "a", "description": "Billing"}, {"id": "b", "description": "Sales"}]}
+            [parsed], _ = decision_schema.parse({"decision": decision}, RequestContext.of(model, max_decisions=1))
+            return parsed.question
+
+        outcome: dict = {}
+
+        def long_job():
+            try:
+                outcome["result"] = model.score(model.prepare([question("The parcel is late again. " * 250)]))
+            except Exception as exc:  # noqa: BLE001 - what the job ends with is the assertion
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=long_job)
+        worker.start()
+        waited = time.monotonic() + 60
+        while model.scheduler.in_flight == 0 and worker.is_alive():
+            assert time.monotonic() < waited
+            time.sleep(0.005)
+        engine.close()  # the process survives this
+        worker.join(120)
+        assert not worker.is_alive() and ("error" in outcome or "result" in outcome)
+        with pytest.raises((ScoringFailed, EngineError)):
+            model.score(model.prepare([question("Another state.")]))
+    finally:
+        model.close()
+        engine.close()

@@ -254,7 +254,11 @@ def test_transport_errors_carry_the_error_shape(client, headers, data, status, e
 
 @pytest.fixture(scope="module")
 def keyed_client(settings, engine):
-    return create_app(dataclasses.replace(settings, api_key="s3cret"), engine).test_client()
+    from conftest import close_app
+
+    app = create_app(dataclasses.replace(settings, api_key="s3cret"), engine)
+    yield app.test_client()
+    close_app(app)
 
 
 @pytest.mark.parametrize("authorization, status", [

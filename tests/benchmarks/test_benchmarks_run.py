@@ -18,6 +18,30 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
 
 
+def assert_traceable(record: dict, *, kernels: bool = True, **settings) -> dict:
+    """A benchmark's result names its run: the commit, the command, when, the load meanwhile, this CPU's flags, the
+    adapter settings it ran with (``settings``: fields the test set) and the kernels that answered."""
+    from decision_adapter.engine import cpu_variants
+
+    provenance = record["provenance"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert provenance["commit"] == head and isinstance(provenance["dirty"], bool)
+    assert provenance["command"].startswith("python -m benchmarks")
+    assert provenance["started"] <= provenance["finished"]
+    load = provenance["load_average_1m"]
+    assert load["samples"] >= 2 and load["min"] <= load["median"] <= load["max"]
+    assert set(provenance["cpu"]["flags"]) == cpu_variants.cpu_flags()
+    assert provenance["cpu"]["best_variant"] == cpu_variants.best(cpu_variants.cpu_flags())
+    recorded = provenance["settings"]
+    assert {"layout", "cpu_variant", "debias", "permutations", "threads", "thread_wait"} <= set(recorded)
+    assert "api_key" not in recorded
+    for name, value in settings.items():
+        assert recorded[name] == value, (name, recorded[name], value)
+    if kernels:
+        assert provenance["kernels"]["cpu_variant"] and provenance["kernels"]["cpu_features"]
+    return provenance
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
@@ -43,6 +67,8 @@ def test_every_task_is_answered_by_the_decision_endpoint(run):
     assert 0 <= overall["brier"] <= 2 and 0 <= overall["ece_10"] <= 1
     latency = result["decision"]["latency"]
     assert latency["n"] == 6 and 0 < latency["p50_s"] <= latency["p95_s"] <= latency["max_s"]
+    provenance = assert_traceable(result, threads=2)
+    assert provenance["builds"] == {"llama-server": "-DGGML_NATIVE=ON"}
 
 
 def test_the_generation_baseline_ran_on_llama_server_in_the_same_run(run):
@@ -103,6 +129,7 @@ def test_the_prefill_sweep_writes_a_row_per_size_and_length(tmp_path):
         ("fp32", 32), ("fp32", 32), ("fp32", 64), ("fp32", 64), ("flash", 32), ("flash", 32), ("flash", 64), ("flash", 64)]
     assert all(r["median_s"] > 0 for r in result["rows"]) and result["rows"][0]["tokens"] < result["rows"][1]["tokens"]
     table = (tmp_path / "prefill.md").read_text()
+    assert_traceable(result, threads=2)
     assert "| fp32 | 32 | " in table and "| flash | 64 | " in table and "(1.00x)" in table and "Reproduce: `python -m benchmarks.prefill --tokens 80" in table
 
 
@@ -118,6 +145,7 @@ def test_the_concurrency_benchmark_measures_both_paths_at_each_level(tmp_path):
             assert block["requests"] == 4 and block["failures"] == 0 and block["decisions_per_s"] > 0
             assert block["latency"]["n"] == 4
     assert result["levels"]["2"]["decision"]["wall_vs_serial"] > 0
+    assert assert_traceable(result, threads=2)["builds"] == {"llama-server": "-DGGML_NATIVE=ON"}
     assert "| 2 | " in (tmp_path / "concurrency.md").read_text()
 
 
@@ -137,6 +165,7 @@ def test_a_batch_transform_job_driven_as_sagemaker_drives_it_holds(tmp_path):
     assert len(batches) == 2 and all(b["status"] == 200 and b["on_time"] for b in batches)
     assert all(b["answered"] + b["error_lines"] == b["records"] > 10 for b in batches), "a line for every record"
     assert result["error_lines"] == result["records"] // 10, "the records that never fit, and only those"
+    assert_traceable(result, threads=2, batch_timeout_s=600)
     assert result["held"] and "every mini-batch answered in time with a line per record: yes" in \
         (tmp_path / "transform.md").read_text()
 
@@ -175,6 +204,7 @@ def test_the_kernels_benchmark_forces_each_variant_of_the_dispatched_build(tmp_p
     assert loaded[f"dispatched {cpu_variants.BASELINE}"] == cpu_variants.BASELINE
     assert loaded["dispatched auto"] == cpu_variants.best(cpu_variants.cpu_flags(), among=shipped)
     assert all(r["tokens_per_s"] > 0 for r in result["rows"])
+    assert_traceable(result, kernels=False, threads=2)  # each row names the variant it ran
     assert "| dispatched auto | " in (tmp_path / "kernels.md").read_text()
 
 
@@ -183,7 +213,10 @@ def test_the_threads_benchmark_times_a_decode_alone_and_beside_busy_http_threads
                            "--requests", "2", "--state-tokens", "100", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    [row] = json.loads((tmp_path / "threads.json").read_text())["rows"]
+    record = json.loads((tmp_path / "threads.json").read_text())
+    [row] = record["rows"]
+    assert_traceable(record, kernels=False, threads=2)
+    assert record["runs"]["2:passive:0"][0]["kernels"]["cpu_variant"]
     assert row["threads"] == 2 and row["wait"] == "passive" and row["http_nice"] == 0
     table = (tmp_path / "threads.md").read_text()
     assert "| 2 | passive | 0 | " in table

@@ -135,6 +135,7 @@ def _cause_each_event(settings, real_engine, capfd) -> list[str]:
     finally:
         real_engine._executor.run_step = run_step
     assert failed.status_code == 500 and failed.json == {"error": "scoring failed"}
+    app.extensions["decision_adapter"].close()  # its scheduler; the engine is the module's
 
     return [line for line in capfd.readouterr().err.splitlines() if line.strip()]
 

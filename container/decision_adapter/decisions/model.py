@@ -203,8 +203,9 @@ class DecisionModel:
     def __init__(self, engine: ScoringEngine, scheduler: JobScheduler, identity: ModelIdentity, limits: Limits,
                  runtime: dict[str, Any], *, served_id: str = "", layout: PromptLayout | None = None,
                  calibration: Calibration | None = None, default_permutations: int = 1,
-                 default_debias: str = "off"):
+                 default_debias: str = "off", owns_engine: bool = True):
         self.engine = engine
+        self.owns_engine = owns_engine  # False: the engine was handed in (tests, benchmarks) and outlives the model
         self.scheduler = scheduler
         self.served_id = served_id or identity.file.removesuffix(".gguf")
         self.identity = identity
@@ -232,9 +233,10 @@ class DecisionModel:
         self.text_bytes_per_token: float | None = None  # measured by the probe
 
     def close(self) -> None:
-        """Stop the scheduler (its queued jobs run first) and free the engine."""
+        """Stop the scheduler (its queued jobs run first) and free the engine where this model owns it."""
         self.scheduler.stop()
-        self.engine.close()
+        if self.owns_engine:
+            self.engine.close()
 
     # ---- start-up checks -----------------------------------------------------------------------
 

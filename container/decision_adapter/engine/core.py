@@ -25,7 +25,7 @@ import llama_cpp as llama
 
 from . import backends
 from .cache import PrefixCache, tokens_key
-from .errors import EngineError, GpuUnavailable, RestoreFailed
+from .errors import EngineError, GpuUnavailable, RestoreFailed, ScoringFailed
 from .executor import Executor, Outcome
 from .memory import Blob, Memory
 from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, Save, chunked, plan_job
@@ -201,6 +201,7 @@ class Engine:
         """Tokens of ``text``. ``special``: the texts of special tokens are parsed as those tokens (for the
         template's own text; user text is tokenized as text). ``bos``: the start of a whole prompt, which gets
         BOS where the model asks for it (unless the text starts with it)."""
+        self._require_open()
         data = text.encode("utf-8")
         add_bos = bos and self.add_bos and not (special and self.bos_text and text.startswith(self.bos_text))
         capacity = len(data) + 8
@@ -212,6 +213,7 @@ class Engine:
             capacity = -n
 
     def piece(self, token: int) -> bytes:
+        self._require_open()
         buf = ctypes.create_string_buffer(64)
         n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
         if n < 0:
@@ -296,6 +298,7 @@ class Engine:
         and its plan (``plan``, the uncached plan of ``spec``, is used as it is when the cache holds nothing
         for the job). The scheduler thread calls this as the job starts, so that requests queued over one new
         state decode it once. The state it restores is held in the cache until the job ends."""
+        self._require_open()
         keys = self._answer_keys(spec)
         answered = {i: a for i, key in enumerate(keys) if (a := self.cache.get(key)) is not None}
         blobs: dict[str | bytes, Blob] = {HEAD_BLOB: self._head_blob} if self._head_blob is not None else {}
@@ -351,7 +354,8 @@ class Engine:
 
     def abort(self) -> None:
         """Stop the ``llama_decode`` running now (any thread): the job's deadline passed."""
-        self._executor.abort.set()
+        if self._executor is not None:
+            self._executor.abort.set()
 
     def abandon(self, job: Job) -> None:
         """Drop a job part way (a deadline, a failure): its memory is freed for the next one; the state it saved
@@ -405,6 +409,19 @@ class Engine:
     # ---- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Free the context and the model once no job is stepping: a decode in progress is aborted and its
+        step finished under the engine's lock first (freeing the context under a running ``llama_decode`` would
+        crash the process); a job begun afterwards fails with ``ScoringFailed``."""
+        if self._executor is not None:
+            self._executor.abort.set()
+        with self._lock:
+            self._close()
+
+    def _require_open(self) -> None:
+        if self._model is None:
+            raise ScoringFailed("the engine is closed")
+
+    def _close(self) -> None:
         if self._executor is not None:
             self._executor.close()
             self._executor = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo
 from pydantic import WithJsonSchema, model_validator
@@ -237,7 +237,10 @@ def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict
 # ---- Responses (the OpenAPI document describes them; tests check real responses against them) ----------------
 
 class Response(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """A response model is closed: the published schema refuses a field it does not list (additionalProperties
+    false), so a field added to an answer without its description fails the OpenAPI test."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ModelInfo(Response):
@@ -257,6 +260,13 @@ class ModelInfo(Response):
                                     "built-in.")
     cpu_features: list[str] | None = Field(None, description="Instruction sets those kernels were compiled for, in "
                                            "ggml's names (AVX2, AVX512, AVX512_VNNI, AVX512_BF16, AMX_INT8, ...).")
+    architecture: str | None = Field(None, description="The GGUF's general.architecture (llama, qwen2, ...).")
+    flash_attention: Literal["off", "on"] | None = Field(None, description="ADAPTER_FLASH_ATTENTION.")
+    kv_cache_type: str | None = Field(None, description="ADAPTER_KV_CACHE_TYPE: the type of the keys and values.")
+    layout: str | None = Field(None, description="How prompts are decoded into micro-batches (exact: the state and "
+                                                 "each question from their own first tokens).")
+    prompt_version: str | None = Field(None, description="A digest of the prompt's style, template and label sets: "
+                                                         "the version calibration.json is bound to.")
 
 
 class Calibration(Response):
@@ -330,8 +340,9 @@ class DecisionsResponse(Response):
     timing: SharedTiming
 
 
-class Error(BaseModel):
+class Error(Response):
     """A SageMaker-route error: the message names the field; ``retryable`` marks a transient refusal."""
 
     error: str
     retryable: bool | None = None
+    status: int | None = Field(None, description="In a line of a batch answer: the HTTP status of this record.")

@@ -1,9 +1,13 @@
 """The OpenAPI 3.1 document of every route, generated from the request and response models.
 
 ``document()`` is what ``GET /openapi.json`` serves; ``docs/openapi.json`` keeps a copy, which a test
-holds current (``make openapi`` rewrites it: ``python -m decision_adapter.openapi > docs/openapi.json``).
+holds current (``make openapi`` rewrites it: ``python -m decision_adapter.protocols.openapi > docs/openapi.json``).
 Limits that are settings (``ADAPTER_MAX_DECISIONS``, the byte and token budgets) are in descriptions,
-so that the document is the same for every deployment.
+so that the document is the same for every deployment. Every response model is closed (``additionalProperties``
+false): tests/adapter/test_adapter_openapi.py validates real answers of every route against this document.
+
+A JSON-lines answer (Batch Transform) is described line by line: OpenAPI 3.1 has no item schema for a sequential
+media type (3.2's ``itemSchema``), so each such media type carries ``x-line-schema``, the schema of one line.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
 
 from . import decision_schema as ds
@@ -23,7 +27,13 @@ REF = "#/components/schemas/{model}"
 VERSION = "1"
 
 
-class ExecutionParameters(BaseModel):
+# The contract of a batch, in one place: what a multi-record request is answered with.
+BATCH_LINES = ("One request object (any of the application/json bodies) per line. A batch is never refused whole: "
+               "the answer has one line per input line, in order, each the record's answer or its error (with the "
+               "record's status, and retryable where sending that record again may pass).")
+
+
+class ExecutionParameters(ds.Response):
     """Batch Transform's discovery answer: what one container honours."""
 
     MaxConcurrentTransforms: int
@@ -31,11 +41,20 @@ class ExecutionParameters(BaseModel):
     MaxPayloadInMB: int
 
 
-class Ping(BaseModel):
+class Ping(ds.Response):
     status: str
     detail: str
-    admitted: int
-    capacity: int
+    admitted: int | None = Field(None, description="Requests admitted now (absent while draining).")
+    capacity: int | None = Field(None, description="Requests admitted at most (absent while draining).")
+    cpu_variant: str | None = Field(None, description="Once loaded: llama.cpp's CPU kernels, as in a result's model.")
+    cpu_features: list[str] | None = Field(None, description="Once loaded: their instruction sets.")
+
+
+def _batch_line() -> dict[str, Any]:
+    """The schema of one line of a JSON-lines answer (``BatchLine`` in the document)."""
+    return {"description": BATCH_LINES,
+            "oneOf": [_ref(m) for m in (ds.DecisionResponse, ds.DecisionsResponse, s1.SystemOneResponse, ds.Error,
+                                        s1.ValidationFailure, s1.SystemOneError)]}
 
 
 REQUESTS: list[type[BaseModel]] = [ds.DecisionRequest, ds.DecisionsRequest, s1.SystemOneRequest]
@@ -58,16 +77,15 @@ def document() -> dict[str, Any]:
     _, schemas = models_json_schema([(m, "validation") for m in REQUESTS] + [(m, "serialization") for m in RESPONSES],
                                     ref_template=REF)
     any_body = {"oneOf": [_ref(m) for m in REQUESTS]}
-    lines = {"type": "string", "description": "One request object (any of the application/json bodies) per line; "
-                                              "the answer has one result or error object per line, in order."}
+    lines = {"type": "string", "description": BATCH_LINES}
+    schemas = {**schemas["$defs"], "BatchLine": _batch_line()}
     sagemaker_errors = {
         "400": _json(ds.Error, "Bad input: the message names the field."),
         "401": _json(ds.Error, "ADAPTER_API_KEY is set and the bearer key is missing or wrong."),
         "413": _json(ds.Error, "The body, sent or decoded, is over ADAPTER_MAX_BODY_BYTES."),
         "415": _json(ds.Error, "Another Content-Type or Content-Encoding."),
         "422": _json(s1.ValidationFailure, "An invalid System One body (System One's shape)."),
-        "503": _json(ds.Error, "Busy or not ready: retry (Retry-After). In a batch, any record refused so "
-                               "refuses the batch."),
+        "503": _json(ds.Error, "Busy or not ready: retry (Retry-After)."),
     }
     systemone_errors = {
         "401": _json(s1.SystemOneError, "ADAPTER_API_KEY is set and the bearer key is missing or wrong."),
@@ -90,9 +108,11 @@ def document() -> dict[str, Any]:
                 "operationId": "invocations", "summary": "SageMaker entry: decision, decisions, System One, "
                                                          "or one per line (Batch Transform)",
                 "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": any_body}, "application/jsonlines": {"schema": lines}}},
+                    "application/json": {"schema": any_body},
+                    "application/jsonlines": {"schema": lines, "x-line-schema": any_body}}},
                 "responses": {"200": {"description": "The answer (one line per record for a batch).", "content": {
-                    "application/json": {"schema": answers}, "application/jsonlines": {"schema": lines}}},
+                    "application/json": {"schema": answers},
+                    "application/jsonlines": {"schema": lines, "x-line-schema": {"$ref": REF.format(model="BatchLine")}}}},
                     **sagemaker_errors}}},
             "/execution-parameters": {"get": {
                 "operationId": "executionParameters", "summary": "Batch Transform's discovery call",
@@ -110,7 +130,7 @@ def document() -> dict[str, Any]:
                               "503": systemone_errors["503"]},
                 "security": [{}, {"bearer": []}]}},
         },
-        "components": {"schemas": schemas["$defs"],
+        "components": {"schemas": schemas,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                                       "description": "Required when ADAPTER_API_KEY is set."}}},
     }

@@ -358,7 +358,9 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 # ---- Responses (the OpenAPI document describes them; tests check real responses against them) ----------------
 
 class Response(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """Closed, as the decision schema's responses are: the published schema refuses fields it does not list."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class DebiasApplied(Response):
@@ -427,36 +429,38 @@ class SystemOneResponse(Response):
                                                         "(included in x_evaluated_tokens); 0 when cached.")
 
 
-class ValidationIssue(BaseModel):
+class ValidationIssue(Response):
     loc: list[str | int]
     msg: str
     type: str
     ctx: dict[str, Any] | None = None
 
 
-class ValidationFailure(BaseModel):
+class ValidationFailure(Response):
     """422: the request does not match the schema; each issue is located from "body"."""
 
     detail: list[ValidationIssue]
+    status: int | None = Field(None, description="In a line of a batch answer: the HTTP status of this record.")
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(Response):
     error_type: str
     message: str
 
 
-class SystemOneError(BaseModel):
+class SystemOneError(Response):
     """Any other refusal (401, 413, 415, 503, ...)."""
 
     detail: ErrorDetail
     retryable: bool | None = None
+    status: int | None = Field(None, description="In a line of a batch answer: the HTTP status of this record.")
 
 
-class ServedModel(BaseModel):
+class ServedModel(Response):
     name: str
     description: str
     release_date: str
 
 
-class ModelsResponse(BaseModel):
+class ModelsResponse(Response):
     models: list[ServedModel]

@@ -13,9 +13,9 @@ timeout. So a mini-batch must be sized to what the model finishes in that time, 
   fits, the answer is ``SINGLE_RECORD``: one record per request, the only shape that can finish.
 - The records of a mini-batch run one after another under the mini-batch's deadline, without the token budget
   (the mini-batch was admitted as a whole); a record that cannot be done in what is left of the budget, at the
-  measured speed, gets an error record at once, and so does a record with bad input: the other records are
-  answered, and the mini-batch is never refused whole. Records over one state share its evaluation through the
-  state cache (a record finds the state the one before saved).
+  measured speed, gets an error record at once, and so does a record with bad input (the contract of the answer:
+  ``protocols.openapi.BATCH_LINES``). Records over one state share its evaluation through the state cache (a
+  record finds the state the one before saved).
 """
 
 from __future__ import annotations

@@ -27,6 +27,14 @@ class AdapterState:
     engine: Any = None  # an engine handed in (tests); None: the loader builds the real one
     loader: threading.Thread | None = field(default=None, repr=False)
 
+    def close(self) -> None:
+        """Wait for the loader, then stop the model's scheduler and free what the loader loaded (an engine handed
+        in stays its owner's). A process that exits needs none of this; a test that builds apps does."""
+        if self.loader is not None:
+            self.loader.join()
+        if self.readiness.model is not None:
+            self.readiness.model.close()
+
     def start_loading(self) -> None:
         """Load in the background (once); /ping stays 503 until the model is ready."""
         if self.loader is None:
