@@ -70,12 +70,11 @@ def invocations() -> Response:
     if kind not in JSON_TYPES | JSONLINES_TYPES:
         raise ApiError(415, "Content-Type must be application/json or application/jsonlines "
                             f"(got {request.content_type or 'none'})")
-    body = read_body()
-    if kind in JSONLINES_TYPES or bodies.holds_lines(body):
-        records = bodies.split_records(body, current().settings.max_lines)
-        results = batch.answer_lines(records, g.arrived + current().settings.batch_budget_s)
+    parsed = bodies.parse_invocation(read_body(), lines=kind in JSONLINES_TYPES, max_lines=current().settings.max_lines)
+    if parsed.records is not None:
+        results = batch.answer_lines(parsed.records, g.arrived + current().settings.batch_budget_s)
         return Response("\n".join(bodies.dumps(r) for r in results) + "\n", 200, mimetype="application/jsonlines")
-    obj = bodies.parse_json(body)
+    obj = parsed.value
     protocol = protocol_of(obj)
     headers = request_id_header() if protocol is SYSTEM_ONE else {}
     try:
