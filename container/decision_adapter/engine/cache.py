@@ -9,6 +9,7 @@ running job holds (``acquire`` .. ``release``) is not evicted, so the memory it 
 
 from __future__ import annotations
 
+import array
 import ctypes
 import dataclasses
 import hashlib
@@ -20,14 +21,22 @@ from typing import Any, Iterable, Sequence
 
 
 def tokens_key(kind: str, tokens: Sequence[int], *extra: Iterable[Sequence[int]]) -> bytes:
-    """A digest of ``tokens`` (and of any further token sequences, such as the labels), tagged by kind."""
+    """A digest of ``tokens`` (and of any further token sequences, such as the labels), tagged by kind: each token
+    as 4 bytes, little-endian and signed."""
     digest = hashlib.sha256(kind.encode() + b"\0")
     digest.update(len(tokens).to_bytes(4, "little"))
-    digest.update(b"".join(t.to_bytes(4, "little", signed=True) for t in tokens))
+    digest.update(_token_bytes(tokens))
     for group in extra:
         for seq in group:
-            digest.update(b"\1" + b"".join(t.to_bytes(4, "little", signed=True) for t in seq))
+            digest.update(b"\1" + _token_bytes(seq))
     return digest.digest()
+
+
+def _token_bytes(tokens: Sequence[int]) -> bytes:
+    packed = array.array("i", tokens)  # C int: 4 bytes wherever llama.cpp runs
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def size_of(value: Any) -> int:
