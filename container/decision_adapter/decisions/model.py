@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -23,6 +22,7 @@ from ..errors import InputError, Loc
 from .calibration import Calibration
 from .debias import MODES, DebiasMode, aligned_mean
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
+from .literals import literal_pattern
 from .model_files import ModelIdentity
 from .prompt import DEFAULT_STYLE, DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, state_segment
 
@@ -223,8 +223,7 @@ class DecisionModel:
         self._content_free_tokens = {text: tuple(engine.tokenize(state_segment(text)))
                                      for mode in MODES.values() for text in mode.states}
         # What request validation refuses in text the model reads: the texts of the model's special tokens.
-        self.control_tokens = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
-                               if engine.control_texts else None)
+        self.control_tokens = literal_pattern(engine.control_texts)  # linear in the text whatever their number
         self.prompt_ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
         self._label_tokens = self._check_labels()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
