@@ -11,10 +11,11 @@ depth check that only looks hard past 64 brackets does look.
 
 For each body: the status (a 5xx or no answer is a failure), the seconds to the answer, MB/s of the decoded body,
 the worker's peak RSS growth while it was answered (``/proc/<pid>/clear_refs`` resets the high-water mark, then
-``VmHWM`` minus the RSS before), and the worst latency of ``/ping``, polled every 50 ms while it was answered. A
-body not answered within ``--timeout``, or a worker that died, restarts the server (the figure says so). The
-table gives, per family and size, the slowest of its nine variants and the largest growth and ping latency among
-them; ``hostile.json`` holds every variant.
+``VmHWM`` minus the RSS before), and the worst latency of ``/ping``, polled every 50 ms while it was answered. Each
+family starts on a fresh server, so that memory an earlier family's bodies left to the allocator does not hide
+what its own take; a body not answered within ``--timeout``, or a worker that died, restarts the server too (the
+figure says so). The table gives, per family and size, the slowest of its nine variants and the largest growth
+and ping latency among them; ``hostile.json`` holds every variant.
 """
 
 from __future__ import annotations
@@ -296,14 +297,19 @@ def send_one(base: str, worker: int, watch: PingWatch, family: str, size_name: s
 
 def run(start: Callable[[], tuple[str, int, Callable[[], None]]], *, families: list[str], sizes: list[str],
         formats: list[str] = list(FORMATS), encodings: list[str] = list(ENCODINGS), timeout_s: float = 60.0,
-        report: Callable[[Outcome], None] = lambda o: None) -> list[Outcome]:
-    """Every variant against the server ``start()`` starts (its base URL, its master pid, how to stop it); a
-    variant that got no answer or killed the worker restarts it."""
+        report: Callable[[Outcome], None] = lambda o: None, fresh: bool = True) -> list[Outcome]:
+    """Every variant against the server ``start()`` starts (its base URL, its master pid, how to stop it): a new
+    one for each family when ``fresh``, and after a variant that got no answer or killed the worker."""
     base, master, stop = start()
     watch = PingWatch(base)
     outcomes = []
     try:
-        for family in families:
+        for number, family in enumerate(families):
+            if fresh and number:
+                watch.stop()
+                stop()
+                base, master, stop = start()
+                watch = PingWatch(base)
             for size_name in sizes:
                 for fmt in formats:
                     decoded = body(family, fmt, SIZES[size_name])
@@ -373,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a body may take before it counts as "
                                                                      "unanswered and the server is restarted")
     parser.add_argument("--label", default="", help="a note for the table (e.g. the commit measured)")
+    parser.add_argument("--one-server", action="store_true", help="one server for every family (faster; memory "
+                                                                   "earlier bodies left can hide a family's growth)")
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = parser.parse_args(argv)
 
@@ -395,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
               f"+{o.peak_rss_growth_mib:6.1f} MiB ping {o.ping_worst_s:5.2f} s", file=sys.stderr, flush=True)
 
     outcomes = run(start, families=args.families, sizes=args.sizes, formats=args.formats, encodings=args.encodings,
-                   timeout_s=args.timeout, report=report)
+                   timeout_s=args.timeout, report=report, fresh=not args.one_server)
     rows = summary(outcomes)
     command = "python -m benchmarks.hostile " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / "hostile.json").write_text(json.dumps({"command": command, "label": args.label, "summary": rows,
