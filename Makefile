@@ -123,7 +123,7 @@ bench: $(VENV)/.dev
 	$(PY) -m benchmarks.transform --large-record decisions --out $(BENCH_OUT)/embedded-cpu
 	$(PY) -m benchmarks.transform --large-record decisions --model-dir "$$($(PY) -m benchmarks.bench_model)" \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
-	$(PY) -m benchmarks.hostile --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.hostile --out $(BENCH_OUT)/embedded-cpu/hostile
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out

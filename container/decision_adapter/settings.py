@@ -137,7 +137,8 @@ class Settings:
     # Transform sends by default; the line limit lets 6 MiB of the smallest records (~85 bytes) through.
     max_body_bytes: int = setting("ADAPTER_MAX_BODY_BYTES", 6 * MIB,
                                   "Largest request body accepted, sent or decoded (413 above); MaxPayloadInMB "
-                                  "for Batch Transform is this in whole MiB.", ge=1024, le=100 * MIB)
+                                  "for Batch Transform is this in MiB (a whole number of them in a transform).",
+                                  ge=1024, le=100 * MIB)
     max_decisions: int = setting("ADAPTER_MAX_DECISIONS", 64,
                                  "Most decisions (or System One questions) in one request object.", ge=1, le=4096)
     max_lines: int = setting("ADAPTER_MAX_LINES", 100_000, "Most lines (records) in one JSON-lines body.",
@@ -159,8 +160,9 @@ class Settings:
                                "Requests that may be read and wait for the model at once; more get 503 before "
                                "their body is read.", ge=1, le=1024)
     queue_tokens: int = setting("ADAPTER_QUEUE_TOKENS", 32768,
-                                "Tokens of work (to decode) that may be queued and running; a request that would "
-                                "pass it gets 503 (a request alone is always accepted).", ge=64, le=16_777_216)
+                                "Tokens of work (to decode, given what the cache holds and what the jobs ahead "
+                                "leave there) that may be queued and running; a request that would pass it gets 503 "
+                                "(a request alone is always accepted).", ge=64, le=16_777_216)
     request_timeout_s: float = setting("ADAPTER_REQUEST_TIMEOUT_S", 55.0,
                                        "Deadline of a request from its arrival on an endpoint (ADAPTER_DEPLOYMENT="
                                        "realtime), below SageMaker's 60 s: a request that cannot be answered by then "
@@ -171,9 +173,8 @@ class Settings:
                                    "The InvocationsTimeoutInSeconds Batch Transform gives one mini-batch (what "
                                    "`python -m endpoint_client transform` sends; SageMaker allows 1 to 3600). With "
                                    "ADAPTER_DEPLOYMENT=transform every request is one unit of work answered within "
-                                   "90% of it, and "
-                                   "/execution-parameters sizes MaxPayloadInMB from the measured speed to fill half "
-                                   "of that.", ge=1, le=3600)
+                                   "90% of it; /execution-parameters says MULTI_RECORD where a mini-batch of the body "
+                                   "limit fills half of that at the measured speed.", ge=1, le=3600)
     retry_after_s: int = setting("ADAPTER_RETRY_AFTER_S", 1, "Retry-After seconds sent with a busy 503.",
                                  ge=0, le=3600)
 
