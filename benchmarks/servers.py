@@ -58,6 +58,55 @@ def adapter(model_dir: str, threads: int, gpu_layers: int, log: Path) -> context
     return _serving("the decision adapter", [sys.executable, "-m", "decision_adapter.server.serve"], port, "/ping", log, env)
 
 
+@contextlib.contextmanager
+def adapter_process(model_dir: str, threads: int, gpu_layers: int, log: Path,
+                    env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The decision adapter on loopback with ``env`` on top of the environment; yields its base URL and its
+    process (gunicorn's master: the worker is its one child). A server that does not stop within 10 s of SIGTERM
+    (a worker stuck in a body) is killed, worker first."""
+    port = free_port()
+    environ = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "ADAPTER_HOST": "127.0.0.1",
+               "ADAPTER_MODEL_DIR": model_dir, "ADAPTER_THREADS": str(threads), "ADAPTER_GPU_LAYERS": str(gpu_layers),
+               "ADAPTER_LOG_LEVEL": "warning", **(env or {})}
+    base = f"http://127.0.0.1:{port}"
+    with log.open("a") as out:
+        process = subprocess.Popen([sys.executable, "-m", "decision_adapter.server.serve"], env=environ, stdout=out,
+                                   stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the decision adapter exited with {process.returncode}; see {log}")
+                try:
+                    if requests.get(base + "/ping", timeout=2).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the decision adapter was not ready after 300 s; see {log}")
+                time.sleep(0.2)
+            yield base, process
+        finally:
+            workers = _children(process.pid)
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                for pid in workers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 9)
+                process.kill()
+                process.wait(30)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def llama_server_binary() -> str:
     """Build llama-server once (cached) from the pinned llama-cpp-python's vendored llama.cpp."""
     done = subprocess.run([str(REPO / "benchmarks" / "build-llama-server.sh")], capture_output=True, text=True,

@@ -6,9 +6,14 @@ line per request for ``SINGLE_RECORD``), and fails a request that is not answere
 ``InvocationsTimeoutInSeconds``. This harness does the same with distinct, realistic records (support tickets
 routed to a queue, and System One questions over them, about the size of examples/support-route.json) and a few
 that can never be answered (a prompt over the limit), and reports, per mini-batch, its seconds against the
-timeout and its records answered or given an error line; a mini-batch not answered in time, or a record without
-its line, fails the run. ``--payload-kb`` fills mini-batches to less than the advertised payload (the shorter
-variant `make test` runs); ``make bench`` runs it filled to ``MaxPayloadInMB``.
+timeout and its records answered or given an error line; a mini-batch not answered in time, a record without
+its line, or a record larger than ``MaxPayloadInMB`` (SageMaker fails the job on one) fails the run.
+``--large-record`` adds a valid record of more than 1 MiB, in a mini-batch of its own, larger than the 1 MiB the
+sizing once advertised with MULTI_RECORD (``decisions``: 64 decisions over one 20 KB state; ``padded``: a usual
+record padded with JSON whitespace, which costs the model nothing). ``--payload-kb`` fills mini-batches to less
+than the advertised payload (the shorter variant `make test` runs); ``make bench`` runs it filled to
+``MaxPayloadInMB``. The container runs as a transform (``ADAPTER_DEPLOYMENT=transform``), as
+``python -m endpoint_client transform`` deploys it.
 """
 
 from __future__ import annotations
@@ -58,6 +63,20 @@ def never_fits(i: int) -> dict[str, Any]:
     token limit (ADAPTER_MAX_REQUEST_TOKENS), though the line is only a few KB."""
     return {"decision": {"id": f"never-fits-{i}", "state": f"Ticket {i}.", "question": "Which product is it about?",
                          "options": [{"id": f"Product line {j}"} for j in range(255)], "permutations": 16}}
+
+
+def large_record(kind: str) -> bytes:
+    """A valid record of more than 1 MiB (see the module's text), as one JSON line."""
+    if kind == "padded":
+        compact = json.dumps(record(0, random.Random(1))).encode()
+        return compact[:1] + b" " * (1_200_000 - len(compact)) + compact[1:] + b"\n"
+    rng = random.Random(2)
+    state = " ".join(f"Message {i}: the customer {rng.choice(MOODS)} writes that they "
+                     f"{rng.choice(PROBLEMS).format(n=rng.randint(100, 99_999))}." for i in range(200))[:20_000]
+    teams = TEAMS[:4]
+    return json.dumps({"decisions": [
+        {"id": f"large-{i}", "state": state, "question": f"Which queue should handle part {i} of this thread?",
+         "options": [{"id": t, "description": d} for t, d in teams]} for i in range(64)]}).encode() + b"\n"
 
 
 def lines(seed: int = 7, never_fits_every: int = 200) -> Iterator[bytes]:
@@ -111,7 +130,8 @@ def send(base: str, lines: list[bytes], timeout_s: float) -> BatchOutcome:
 
 
 def run(base: str, *, timeout_s: float, payload_kb: int | None = None, batches: int | None = None,
-        single_records: int = 40, never_fits_every: int = 200, strategy: str | None = None) -> dict[str, Any]:
+        single_records: int = 40, never_fits_every: int = 200, strategy: str | None = None,
+        large: str | None = None) -> dict[str, Any]:
     """Drive one container at ``base`` as a Batch Transform job would (with the strategy it advertises, or
     ``strategy``); the figures, and whether it held."""
     parameters = requests.get(f"{base}/execution-parameters", timeout=30).json()
@@ -122,18 +142,23 @@ def run(base: str, *, timeout_s: float, payload_kb: int | None = None, batches: 
     else:
         payload = (payload_kb << 10) if payload_kb else parameters["MaxPayloadInMB"] << 20
         groups = mini_batches(batches or concurrent_n, payload, never_fits_every=never_fits_every)
+    if large:
+        groups.append([large_record(large)])
+    largest = max(len(line) for group in groups for line in group)
+    fits = largest <= parameters["MaxPayloadInMB"] << 20  # SageMaker fails the job on a larger record
     started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(concurrent_n) as pool:
         outcomes = list(pool.map(lambda lines: send(base, lines, timeout_s), groups))
     wall = time.monotonic() - started
     records = sum(o.records for o in outcomes)
-    held = all(o.on_time and o.status == 200 and o.answered + o.error_lines == o.records for o in outcomes)
+    held = fits and all(o.on_time and o.status == 200 and o.answered + o.error_lines == o.records for o in outcomes)
     return {"execution_parameters": parameters, "strategy": strategy or parameters["BatchStrategy"],
             "invocation_timeout_s": timeout_s, "payload_bytes": payload,
             "mini_batches": [asdict(o) for o in outcomes], "records": records,
             "answered": sum(o.answered for o in outcomes), "error_lines": sum(o.error_lines for o in outcomes),
             "seconds": wall, "records_per_s": records / wall if wall else None,
             "slowest_mini_batch_s": max(o.seconds for o in outcomes),
+            "largest_record_bytes": largest, "records_within_max_payload": fits,
             "median_mini_batch_s": statistics.median(o.seconds for o in outcomes), "held": held}
 
 
@@ -148,6 +173,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {i} | {b['records']} | {b['payload_bytes'] / 1024:.0f} | {b['seconds']:.1f} | "
                      f"{b['answered']} | {b['error_lines']} | {'yes' if b['on_time'] else 'NO'} |")
     lines += ["", f"{result['records']} records in {result['seconds']:.0f} s ({result['records_per_s']:.2f} a second); "
+              f"largest record {result['largest_record_bytes'] / 1024:.0f} KiB, within MaxPayloadInMB: "
+              f"{'yes' if result['records_within_max_payload'] else 'NO (SageMaker fails the job)'}; "
               f"every mini-batch answered in time with a line per record: {'yes' if result['held'] else 'NO'}."]
     return "\n".join(lines) + "\n"
 
@@ -166,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-records", type=int, default=40, help="records to send for SINGLE_RECORD")
     parser.add_argument("--never-fits-every", type=int, default=200,
                         help="every Nth record is one that cannot be answered (0: none)")
+    parser.add_argument("--large-record", choices=["decisions", "padded"],
+                        help="add a valid record of more than 1 MiB, in a mini-batch of its own")
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = parser.parse_args(argv)
 
@@ -175,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["ADAPTER_BATCH_TIMEOUT_S"] = str(int(args.timeout))
+    os.environ["ADAPTER_DEPLOYMENT"] = "transform"  # as endpoint_client transform deploys it
     model_dir = args.model_dir or str(embedded_model_dir())
     with adapter(model_dir, args.threads, 0, args.out / "transform-adapter.log") as base:
         result = run(base, timeout_s=args.timeout, payload_kb=args.payload_kb, batches=args.batches,
                      single_records=args.single_records, never_fits_every=args.never_fits_every,
-                     strategy=args.strategy)
+                     strategy=args.strategy, large=args.large_record)
     result["model"] = Path(model_dir).name
     result["command"] = "python -m benchmarks.transform " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / "transform.json").write_text(json.dumps(result, indent=1) + "\n")

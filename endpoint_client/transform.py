@@ -12,7 +12,9 @@ MaxConcurrentTransforms out, and SageMaker asks the container itself; ``--execut
 from a container at hand instead (e.g. ``make run``'s, or an image under test on the same instance type), and
 ``--max-payload-mb`` lowers the payload. The job's ModelClientConfig gives each request the
 InvocationsTimeoutInSeconds that the container budgets a mini-batch for (its ``ADAPTER_BATCH_TIMEOUT_S``, read
-from the model's environment; SageMaker's maximum, 3,600 s, unless set) and one retry
+from the model's environment; SageMaker's maximum, 3,600 s, unless set), the job's Environment tells the container
+it runs as a transform (``ADAPTER_DEPLOYMENT=transform``, with that budget: the same model serves the real-time
+endpoint, whose requests keep the real-time deadline) and one retry
 (``InvocationsMaxRetries``): a mini-batch is answered record by record, bad records as error lines, so a retry
 helps only when the container itself failed.
 
@@ -122,6 +124,10 @@ class TransformPlan:
             "TransformJobName": self.job_name, "ModelName": self.model_name,
             "ModelClientConfig": {"InvocationsTimeoutInSeconds": self.invocation_timeout_s,
                                   "InvocationsMaxRetries": INVOCATION_RETRIES},
+            # The container learns it runs as a transform from its environment (the adapter's settings.py): every
+            # request a mini-batch with this budget, a single-record one too.
+            "Environment": {"ADAPTER_DEPLOYMENT": "transform",
+                            "ADAPTER_BATCH_TIMEOUT_S": str(self.invocation_timeout_s)},
             "TransformInput": {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": self.input.uri}},
                                "ContentType": JSON_LINES, "SplitType": "Line", "CompressionType": "None"},
             "TransformOutput": {"S3OutputPath": self.output.uri, "Accept": JSON_LINES, "AssembleWith": "Line"},

@@ -140,7 +140,8 @@ class Settings:
     # Transform sends by default; the line limit lets 6 MiB of the smallest records (~85 bytes) through.
     max_body_bytes: int = setting("ADAPTER_MAX_BODY_BYTES", 6 * MIB,
                                   "Largest request body accepted, sent or decoded (413 above); MaxPayloadInMB "
-                                  "for Batch Transform is this in whole MiB.", ge=1024, le=100 * MIB)
+                                  "for Batch Transform is this in MiB (a whole number of them in a transform).",
+                                  ge=1024, le=100 * MIB)
     max_decisions: int = setting("ADAPTER_MAX_DECISIONS", 64,
                                  "Most decisions (or System One questions) in one request object.", ge=1, le=4096)
     max_lines: int = setting("ADAPTER_MAX_LINES", 100_000, "Most lines (records) in one JSON-lines body.",
@@ -153,22 +154,30 @@ class Settings:
                                       "plus each question's own tokens).", ge=64, le=16_777_216)
 
     # Admission and deadlines
+    deployment: Literal["realtime", "transform"] = setting(
+        "ADAPTER_DEPLOYMENT", "realtime", "How the container is deployed, which sets every request's deadline and "
+        "budget: realtime (an endpoint: ADAPTER_REQUEST_TIMEOUT_S and the token budget for every request, JSON lines "
+        "included) or transform (a Batch Transform job, which `python -m endpoint_client transform` sets: every "
+        "request is a mini-batch answered within 90% of ADAPTER_BATCH_TIMEOUT_S, without the token budget).")
     queue_depth: int = setting("ADAPTER_QUEUE_DEPTH", 16,
                                "Requests that may be read and wait for the model at once; more get 503 before "
                                "their body is read.", ge=1, le=1024)
     queue_tokens: int = setting("ADAPTER_QUEUE_TOKENS", 32768,
-                                "Tokens of work (to decode) that may be queued and running; a request that would "
-                                "pass it gets 503 (a request alone is always accepted).", ge=64, le=16_777_216)
+                                "Tokens of work (to decode, given what the cache holds and what the jobs ahead "
+                                "leave there) that may be queued and running; a request that would pass it gets 503 "
+                                "(a request alone is always accepted).", ge=64, le=16_777_216)
     request_timeout_s: float = setting("ADAPTER_REQUEST_TIMEOUT_S", 55.0,
-                                       "Deadline of a request from its arrival, below SageMaker's 60 s: a request that "
-                                       "cannot be answered by then at the measured speed gets 503 at once, and one "
-                                       "still running at it is stopped inside llama_decode.", ge=0.1, le=3600.0)
+                                       "Deadline of a request from its arrival on an endpoint (ADAPTER_DEPLOYMENT="
+                                       "realtime), below SageMaker's 60 s: a request that cannot be answered by then "
+                                       "at the measured speed gets 503 at once (400 when its own work alone can never "
+                                       "fit), and one still running at it is stopped inside llama_decode.",
+                                       ge=0.1, le=3600.0)
     batch_timeout_s: int = setting("ADAPTER_BATCH_TIMEOUT_S", 3600,
                                    "The InvocationsTimeoutInSeconds Batch Transform gives one mini-batch (what "
-                                   "`python -m endpoint_client transform` sends; SageMaker allows 1 to 3600). A "
-                                   "multi-record request is one unit of work answered within 90% of it, and "
-                                   "/execution-parameters sizes MaxPayloadInMB from the measured speed to fill half "
-                                   "of that.", ge=1, le=3600)
+                                   "`python -m endpoint_client transform` sends; SageMaker allows 1 to 3600). With "
+                                   "ADAPTER_DEPLOYMENT=transform every request is one unit of work answered within "
+                                   "90% of it; /execution-parameters says MULTI_RECORD where a mini-batch of the body "
+                                   "limit fills half of that at the measured speed.", ge=1, le=3600)
     retry_after_s: int = setting("ADAPTER_RETRY_AFTER_S", 1, "Retry-After seconds sent with a busy 503.",
                                  ge=0, le=3600)
 
@@ -183,6 +192,10 @@ class Settings:
             raise ValueError(f"ADAPTER_CTX_TOKENS={self.ctx_tokens} is smaller than ADAPTER_MAX_PROMPT_TOKENS="
                              f"{self.max_prompt_tokens} plus {LABEL_PATH_CELLS} cells for label paths: an admitted "
                              f"prompt would not fit the model's memory")
+        if self.deployment == "transform" and self.max_body_bytes % MIB:
+            raise ValueError(f"ADAPTER_MAX_BODY_BYTES={self.max_body_bytes} must be a whole number of MiB in a transform "
+                             f"(ADAPTER_DEPLOYMENT=transform): MaxPayloadInMB counts in them, and a record it "
+                             f"rounds away would fail the job")
         if self.queue_tokens < self.max_request_tokens:
             raise ValueError(f"ADAPTER_QUEUE_TOKENS={self.queue_tokens} is smaller than ADAPTER_MAX_REQUEST_TOKENS="
                              f"{self.max_request_tokens}: a request within the limits could never be queued beside "
@@ -196,9 +209,15 @@ class Settings:
 
     @property
     def batch_budget_s(self) -> float:
-        """Seconds a multi-record request may take from its arrival: 90% of ADAPTER_BATCH_TIMEOUT_S, the rest
+        """Seconds a Batch Transform mini-batch may take from its arrival: 90% of ADAPTER_BATCH_TIMEOUT_S, the rest
         left for reading the body and writing the answer before SageMaker's invocation timeout."""
         return 0.9 * self.batch_timeout_s
+
+    @property
+    def request_budget_s(self) -> float:
+        """Seconds any request may take from its arrival, as the container is deployed: an endpoint's
+        ADAPTER_REQUEST_TIMEOUT_S, or a transform's mini-batch budget."""
+        return self.batch_budget_s if self.deployment == "transform" else self.request_timeout_s
 
     @property
     def omp_wait_policy(self) -> str | None:

@@ -80,14 +80,21 @@ class FakeEngine:
     def answer_from_cache(self, spec: JobSpec):
         return None  # the fake keeps no cache: every job reaches step()
 
+    def foresee(self, spec: JobSpec, plan: Plan, ahead: frozenset[bytes]) -> Plan:
+        return plan  # nothing is ever cached
+
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> "FakeJob":
-        return FakeJob(spec, sum(len(p) for p in spec.prompts))
+        return FakeJob(spec, (plan or self.plan(spec)).tokens)
 
     def abort(self) -> None:
         self.aborted = True
 
+    def reset_abort(self) -> None:
+        self.aborted = False
+
     def step(self, job: "FakeJob") -> bool:
         job.result = self._score(job.spec)
+        job.decoded_tokens = job.tokens
         return False
 
     def abandon(self, job: "FakeJob") -> None:
@@ -121,6 +128,7 @@ class FakeJob:
     spec: JobSpec
     tokens: int
     result: object = None
+    decoded_tokens: int = 0
 
 
 def fake_model_dir(tmp_path: Path) -> Path:

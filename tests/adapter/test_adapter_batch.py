@@ -27,18 +27,36 @@ def test_execution_parameters_come_from_the_measured_speed(app, client):
 
 
 @pytest.mark.parametrize("tokens_per_s, bytes_per_token, changes, expected", [
-    # 1 MiB takes 1 MiB / 4 B = 262,144 tokens: at 100 tokens/s, 2,621 s, over half of 0.9 * 3,600 s.
+    # A mini-batch of 6 MiB is 6 MiB / 4 B = 1.57M tokens: MULTI_RECORD once half of 0.9 * 3,600 s decodes it.
     (100.0, 4.0, {}, (1, "SINGLE_RECORD", 6)),
-    (200.0, 4.0, {}, (1, "MULTI_RECORD", 1)),  # 200 * 1,620 s * 4 B = 1.24 MiB
-    (2000.0, 4.0, {}, (1, "MULTI_RECORD", 6)),  # 12.4 MiB, capped at the body limit
-    (2000.0, 4.0, {"max_body_bytes": 100 * MIB}, (1, "MULTI_RECORD", 12)),
-    (2000.0, 4.0, {"batch_timeout_s": 600}, (1, "MULTI_RECORD", 2)),  # 2000 * 270 s * 4 B = 2.06 MiB
+    (200.0, 4.0, {}, (1, "SINGLE_RECORD", 6)),  # 1.24 MiB in half the budget: a 1.3 MB record would fail the job
+    (1000.0, 4.0, {}, (1, "MULTI_RECORD", 6)),  # 6.18 MiB
+    (2000.0, 4.0, {}, (1, "MULTI_RECORD", 6)),  # 12.4 MiB, and never past the body limit
+    (2000.0, 4.0, {"max_body_bytes": 100 * MIB}, (1, "SINGLE_RECORD", 100)),
+    (2000.0, 4.0, {"batch_timeout_s": 600}, (1, "SINGLE_RECORD", 6)),  # 2000 * 270 s * 4 B = 2.06 MiB
+    (200.0, 4.0, {"max_body_bytes": MIB}, (1, "MULTI_RECORD", 1)),
     (None, 4.0, {}, (1, "SINGLE_RECORD", 6)),  # nothing measured yet
 ])
-def test_the_payload_is_what_the_measured_speed_finishes_in_half_the_budget(tokens_per_s, bytes_per_token,
-                                                                           changes, expected):
+def test_the_strategy_comes_from_the_measured_speed_and_the_payload_from_the_body_limit(tokens_per_s, bytes_per_token,
+                                                                                      changes, expected):
     parameters = batch.execution_parameters(Settings(**changes), tokens_per_s, bytes_per_token)
     assert (parameters.max_concurrent_transforms, parameters.batch_strategy, parameters.max_payload_mb) == expected
+
+
+@pytest.mark.parametrize("max_body_mib", [1, 6, 100])
+def test_max_payload_is_never_below_a_record_the_server_takes(max_body_mib):
+    """SageMaker fails the job on a record over MaxPayloadInMB: whatever the speed, every body the server reads
+    (the largest valid record) is within it."""
+    settings = Settings(max_body_bytes=max_body_mib * MIB, deployment="transform")
+    for speed in (None, 1.0, 50.0, 200.0, 1000.0, 1e5):
+        assert batch.execution_parameters(settings, speed, 4.0).max_payload_mb * MIB >= settings.max_body_bytes
+
+
+def test_a_transform_needs_a_body_limit_of_whole_mib():
+    from decision_adapter.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="whole number of MiB"):
+        Settings.from_env({"ADAPTER_DEPLOYMENT": "transform", "ADAPTER_MAX_BODY_BYTES": str(6 * MIB + 1)})
 
 
 def padded_lines(record: dict, lines: int, total_bytes: int) -> bytes:
@@ -110,8 +128,8 @@ def blocked(tmp_path, settings):
 
 
 def test_a_mini_batch_is_one_unit_of_work_with_no_busy_refusal_inside(blocked, example, tmp_path, settings):
-    """Its records are not refused by the token budget that single requests fill: the mini-batch was admitted as a
-    whole (one place in admission), and its records wait behind what runs, within its own budget."""
+    """In a transform, its records are not refused by the token budget, which an endpoint's requests share: the
+    mini-batch is alone (MaxConcurrentTransforms 1), and its records wait behind what runs, within its budget."""
     from decision_adapter.protocols import decision_schema
     from decision_adapter.protocols.fields import RequestContext
 
@@ -120,7 +138,7 @@ def test_a_mini_batch_is_one_unit_of_work_with_no_busy_refusal_inside(blocked, e
     model = sizing.extensions["decision_adapter"].readiness.model
     [parsed], _ = decision_schema.parse(example, RequestContext())
     tokens = model.prepare([parsed.question]).request_tokens  # what one such request costs the fake model
-    app, engine, release = blocked(queue_tokens=tokens + 10, max_request_tokens=tokens + 10)
+    app, engine, release = blocked(queue_tokens=tokens + 10, max_request_tokens=tokens + 10, deployment="transform")
     single = threading.Thread(target=lambda: app.test_client().post("/invocations", json=example))
     single.start()
     results: list = []
@@ -131,11 +149,10 @@ def test_a_mini_batch_is_one_unit_of_work_with_no_busy_refusal_inside(blocked, e
         assert engine.scoring.wait(30), "the single request reached the model and holds its tokens"
         caller.start()
         scheduler = app.extensions["decision_adapter"].readiness.model.scheduler
+        deadline = time.monotonic() + 30
         while scheduler.queued_tokens < 2 * tokens:  # the first record queued beside it, over the budget
+            assert time.monotonic() < deadline and caller.is_alive(), results and results[0].get_data(as_text=True)
             time.sleep(0.01)
-        another = app.test_client().post("/invocations", json=example)
-        assert another.status_code == 503 and another.get_json()["retryable"] is True, \
-            "a single request is refused by the token budget"
     finally:
         release.set()
         single.join(30)
@@ -146,8 +163,35 @@ def test_a_mini_batch_is_one_unit_of_work_with_no_busy_refusal_inside(blocked, e
     assert [o["result"]["id"] for o in out] == ["r0", "r1", "r2"]
 
 
+def test_on_an_endpoint_a_json_lines_body_is_held_to_the_real_time_deadline(blocked, example):
+    """Whatever the body, an endpoint's request has ADAPTER_REQUEST_TIMEOUT_S (not the transform's budget of
+    0.9 x 3,600 s): the records that do not fit it get retryable error lines, the request ends within it."""
+    app, engine, _ = blocked(request_timeout_s=1.0, retry_after_s=3)
+    engine.on_score = lambda: time.sleep(0.3)
+    lines = "\n".join(json.dumps({"decision": {**example["decision"], "id": f"r{i}"}}) for i in range(12))
+    response = app.test_client().post("/invocations", data=lines, content_type="application/jsonlines")
+
+    assert response.status_code == 200
+    out = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    answered = [o for o in out if "result" in o]
+    late = [o for o in out if "result" not in o]
+    assert len(out) == 12 and answered and late, "a transform's budget would have answered all twelve"
+    assert all(o["status"] == 503 and o["retryable"] is True for o in late)
+    assert [o["result"]["id"] for o in answered] == [f"r{i}" for i in range(len(answered))], "in order"
+
+
+@pytest.mark.parametrize("deployment, status", [("realtime", 503), ("transform", 200)])
+def test_a_one_record_mini_batch_gets_the_transforms_budget(blocked, example, deployment, status):
+    """A one-record application/json mini-batch in a transform has the mini-batch's budget, not the endpoint's
+    (here 0.5 s, less than the record takes)."""
+    app, engine, _ = blocked(request_timeout_s=0.5, batch_timeout_s=30, deployment=deployment)
+    engine.on_score = lambda: time.sleep(1.5)
+    response = app.test_client().post("/invocations", json=example)
+    assert response.status_code == status, response.get_json()
+
+
 def test_a_record_past_the_mini_batchs_budget_gets_an_error_record_not_a_refused_batch(blocked, example):
-    app, engine, release = blocked(batch_timeout_s=1, retry_after_s=3)
+    app, engine, release = blocked(batch_timeout_s=1, retry_after_s=3, deployment="transform")
     engine.on_score = lambda: time.sleep(0.5)  # every record takes half a second of a 0.9 s budget
     lines = "\n".join([json.dumps({"decision": {"id": "x"}})] +
                       [json.dumps({"decision": {**example["decision"], "id": f"r{i}"}}) for i in range(4)])

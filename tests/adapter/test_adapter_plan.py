@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decision_adapter.engine.cache import PrefixCache, tokens_key
+from decision_adapter.engine.cache import PrefixCache, entry_cost, size_of, tokens_key
 from decision_adapter.engine.plan import (FIRST_PATH_SEQ, HEAD_BLOB, PROMPT_SEQ, STATE_SEQ, Chunk, Decode, Fork, JobSpec,
                                    Limits, PlanError, Release, Restore, Save, plan_job)
 from decision_adapter.engine.readout import LabelTrie
@@ -128,13 +128,15 @@ def test_a_prefix_that_leaves_a_prompt_no_token_of_its_own_is_refused():
 
 
 def test_cache_keeps_the_most_recently_used_entries_within_its_byte_budget():
-    cache = PrefixCache(budget_bytes=100)
-    assert cache.put(b"a", b"x" * 40) and cache.put(b"b", b"x" * 40)
-    assert cache.get(b"a") == b"x" * 40  # a is now the most recently used
-    assert cache.put(b"c", b"x" * 40)
+    value = b"x" * 40
+    cost = entry_cost(b"a", size_of(value))  # the value, its key and the bookkeeping
+    cache = PrefixCache(budget_bytes=2 * cost + cost // 2)
+    assert cache.put(b"a", value) and cache.put(b"b", value)
+    assert cache.get(b"a") == value  # a is now the most recently used
+    assert cache.put(b"c", value)
     assert b"b" not in cache and b"a" in cache and b"c" in cache
-    assert cache.bytes == 80 and cache.stats.evictions == 1 and cache.stats.hits == 1
-    assert not cache.put(b"d", b"x" * 101), "an entry over the whole budget is not kept"
+    assert cache.bytes == 2 * cost and cache.stats.evictions == 1 and cache.stats.hits == 1
+    assert not cache.put(b"d", b"x" * 3 * cost), "an entry over the whole budget is not kept"
     assert cache.get(b"b") is None and cache.stats.misses == 1
     assert PrefixCache(0).put(b"e", b"x") is False
 

@@ -155,16 +155,19 @@ def test_a_batch_transform_job_driven_as_sagemaker_drives_it_holds(tmp_path):
     MaxConcurrentTransforms at a time, each request failed past the invocation timeout)."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.transform", "--strategy", "MULTI_RECORD",
                            "--payload-kb", "16", "--batches", "2", "--never-fits-every", "10", "--timeout", "600",
-                           "--threads", "2", "--out", str(tmp_path)],
+                           "--large-record", "padded", "--threads", "2", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "transform.json").read_text())
     assert result["execution_parameters"]["MaxConcurrentTransforms"] == 1
     assert result["execution_parameters"]["BatchStrategy"] in ("MULTI_RECORD", "SINGLE_RECORD")
     batches = result["mini_batches"]
-    assert len(batches) == 2 and all(b["status"] == 200 and b["on_time"] for b in batches)
-    assert all(b["answered"] + b["error_lines"] == b["records"] > 10 for b in batches), "a line for every record"
-    assert result["error_lines"] == result["records"] // 10, "the records that never fit, and only those"
+    assert len(batches) == 3 and all(b["status"] == 200 and b["on_time"] for b in batches)
+    assert all(b["answered"] + b["error_lines"] == b["records"] > 10 for b in batches[:2]), "a line for every record"
+    assert batches[2] == {**batches[2], "records": 1, "answered": 1}, "the record of 1.2 MB, answered"
+    assert result["largest_record_bytes"] > 1 << 20 and result["records_within_max_payload"], \
+        "larger than the 1 MiB once advertised, and within MaxPayloadInMB: SageMaker would not fail the job"
+    assert result["error_lines"] == (result["records"] - 1) // 10, "the records that never fit, and only those"
     assert_traceable(result, threads=2, batch_timeout_s=600)
     assert result["held"] and "every mini-batch answered in time with a line per record: yes" in \
         (tmp_path / "transform.md").read_text()

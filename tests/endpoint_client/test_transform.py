@@ -41,6 +41,8 @@ def test_a_job_runs_the_stacks_model_over_json_lines_and_reports_the_output(depl
     # SageMaker asks the container's /execution-parameters, which sizes batches from the speed it measured.
     assert not {"BatchStrategy", "MaxPayloadInMB", "MaxConcurrentTransforms"} & {k for k, v in job.items() if v}
     assert job["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 3600, "InvocationsMaxRetries": 1}
+    # The container runs as a transform (its deadline and budget are the mini-batch's), with the same budget.
+    assert job["Environment"] == {"ADAPTER_DEPLOYMENT": "transform", "ADAPTER_BATCH_TIMEOUT_S": "3600"}
     assert job["TransformInput"] == {"DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": source}},
                                      "ContentType": "application/jsonlines", "SplitType": "Line",
                                      "CompressionType": "None"}
@@ -91,6 +93,7 @@ def test_each_request_gets_the_budget_the_models_container_works_to(deployment, 
     assert code == 0, err
     job = sagemaker.describe_transform_job(TransformJobName="decision-dev-cpu-test3")
     assert job["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 1200, "InvocationsMaxRetries": 1}
+    assert job["Environment"] == {"ADAPTER_DEPLOYMENT": "transform", "ADAPTER_BATCH_TIMEOUT_S": "1200"}
 
 
 @pytest.mark.parametrize("answer, extra, message", [

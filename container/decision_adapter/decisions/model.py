@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from ..engine.errors import PlanError
+from ..engine.errors import PlanError, TooLarge
 from ..engine.plan import JobSpec, Plan
 from ..engine.readout import LabelTrie, PromptScore, ScoreStats, log_sum_exp, softmax
 from ..errors import InputError, Loc
 from .calibration import Calibration
 from .debias import MODES, DebiasMode, aligned_mean
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
+from .literals import literal_pattern
 from .model_files import ModelIdentity
 from .prompt import DEFAULT_STYLE, DIGITS, STYLES, ChatTemplate, PromptLayout, PromptStyle, TemplateError, state_segment
 
@@ -90,13 +90,13 @@ class JobScheduler(Protocol):
     """What the decision model needs of a scheduler: submit a job with a deadline, wait for its result."""
 
     def submit_all(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
-                   by_tokens: bool = True) -> list[Any]: ...
+                   by_tokens: bool = True, allowed_s: float | None = None) -> list[Any]: ...
 
     def result(self, ticket: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
     def cancel(self, ticket: Any) -> None: ...
 
-    def stop(self, timeout_s: float = 30.0) -> None: ...
+    def stop(self, timeout_s: float = 30.0) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,7 @@ class Prepared:
     spec: JobSpec
     plan: Plan
     priors: tuple[PriorJob, ...] = ()  # the content-free priors' jobs, one per content-free state
+    loc: Loc = ()  # where errors about the request as a whole point (the decision, or the decisions)
 
 
 @dataclass(frozen=True)
@@ -223,8 +224,7 @@ class DecisionModel:
         self._content_free_tokens = {text: tuple(engine.tokenize(state_segment(text)))
                                      for mode in MODES.values() for text in mode.states}
         # What request validation refuses in text the model reads: the texts of the model's special tokens.
-        self.control_tokens = (re.compile("|".join(re.escape(t) for t in engine.control_texts))
-                               if engine.control_texts else None)
+        self.control_tokens = literal_pattern(engine.control_texts)  # linear in the text whatever their number
         self.prompt_ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
         self._label_tokens = self._check_labels()
         self._tries: dict[tuple[str, ...], LabelTrie] = {}
@@ -233,9 +233,10 @@ class DecisionModel:
         self.text_bytes_per_token: float | None = None  # measured by the probe
 
     def close(self) -> None:
-        """Stop the scheduler (its queued jobs run first) and free the engine where this model owns it."""
-        self.scheduler.stop()
-        if self.owns_engine:
+        """Stop the scheduler (its queued jobs run first) and free the engine where this model owns it, once no
+        job can run on it: a scheduler thread that will not end keeps the engine (a leak, never a decode on freed
+        memory)."""
+        if self.scheduler.stop() and self.owns_engine:
             self.engine.close()
 
     # ---- start-up checks -----------------------------------------------------------------------
@@ -359,7 +360,7 @@ class DecisionModel:
                                               (len(head), len(head) + len(free)))
             priors.append(PriorJob(text, tuple(members), prior_spec, self._plan(where, prior_spec)))
         return Prepared(tuple(questions), tuple(tokens), request_tokens, span, tuple(tries), tuple(orders),
-                        tuple(owners), tuple(digests), spec, plan, tuple(priors))
+                        tuple(owners), tuple(digests), spec, plan, tuple(priors), where)
 
     def debias_mode(self, question: Question) -> DebiasMode:
         """The question's debias mode: its own, or the server's default."""
@@ -380,15 +381,24 @@ class DecisionModel:
                              f"is at least {at_least}), over the limit of {self.prompt_ceiling}",
                              kind="value_error.prompt_too_long")
 
+    @staticmethod
+    def _too_large(loc: Loc, exc: TooLarge) -> InputError:
+        return InputError(loc, f"needs {exc.tokens} tokens of evaluation, about {exc.needed_s:.0f} s at the "
+                          f"{exc.tokens_per_s:.0f} tokens/s this server measures; a request here may take "
+                          f"{exc.allowed_s:.0f} s (about {exc.allowed_tokens} tokens): split it into smaller "
+                          f"requests", kind="value_error.request_too_slow")
+
     def _over_request(self, loc: Loc, tokens: int) -> InputError:
         return InputError(loc, f"needs at least {tokens} tokens of evaluation, over the request limit of "
                           f"{self.limits.max_request_tokens}", kind="value_error.request_too_long")
 
-    def score(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True) -> Answered:
+    def score(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True,
+              allowed_s: float | None = None) -> Answered:
         """Score through the scheduler before ``deadline`` (``time.monotonic()``; None: none). A request whose
         every answer is cached is answered at once, without queueing. Raises the scheduler's Busy (the queue is
-        full, or the work cannot be done before the deadline), DeadlineExceeded or ScoringFailed.
-        ``by_tokens=False``: no admission by the token budget (a record of a batch admitted as a whole).
+        full, or the work cannot be done before the deadline), DeadlineExceeded or ScoringFailed, and an
+        InputError when its own work needs more than ``allowed_s`` (what any request may take on this server) at
+        the measured speed. ``by_tokens=False``: no admission by the token budget (a Batch Transform mini-batch).
         A request's jobs are its answer's and, for debiased questions, one per content-free state of the prior;
         each job the cache answers whole (a warm prior, an identical repeat) costs nothing, the others are queued
         together and admitted as one."""
@@ -397,7 +407,11 @@ class DecisionModel:
         missing = [i for i, d in enumerate(done) if d is None]
         queue_s = 0.0
         if missing:
-            tickets = self.scheduler.submit_all([jobs[i] for i in missing], deadline=deadline, by_tokens=by_tokens)
+            try:
+                tickets = self.scheduler.submit_all([jobs[i] for i in missing], deadline=deadline,
+                                                    by_tokens=by_tokens, allowed_s=allowed_s)
+            except TooLarge as exc:
+                raise self._too_large(prepared.loc, exc) from None
             try:
                 for i, ticket in zip(missing, tickets):
                     done[i] = self.scheduler.result(ticket)
@@ -489,9 +503,12 @@ class DecisionModel:
         except InputError:
             pass  # limits too tight for it: the speed is measured on requests instead
         # Request text per evaluated token, for sizing Batch Transform payloads: the probe's state and question
-        # text over what the plan decodes for them (a JSON record adds ids and keys: more bytes per token).
+        # text over what the plan decodes for them under the server's default debias mode, the first prior's
+        # tokens counted (a record of a question not seen before pays it; a JSON record adds ids and keys: more
+        # bytes per token).
         text = state_segment(PROBE_STATE) + self.layout.question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
-        self.text_bytes_per_token = len(text.encode("utf-8")) / prepared.request_tokens
+        charged = self.prepare([replace(question, debias=None)]).request_tokens
+        self.text_bytes_per_token = len(text.encode("utf-8")) / charged
         p = result.probabilities
         if len(p) != 3 or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
             raise ModelIncompatible(f"the probe decision gave no proper distribution: {p}")

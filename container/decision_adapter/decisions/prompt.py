@@ -22,6 +22,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import islice
 from typing import Any, Sequence
 
 import jinja2
@@ -106,7 +107,68 @@ class TemplateError(ValueError):
 
 def state_text(state: Any) -> str:
     """A state as the model reads it: strings verbatim, JSON objects and arrays in their key order."""
-    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
+    return state if isinstance(state, str) else json_text(state)
+
+
+RENDER_PIECE = 4096  # most items one json.dumps call renders
+
+
+def json_text(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False)``, rendered in pieces so that the GIL changes hands while a large
+    value is rendered (one call holds it throughout: 0.2 s and more for a 6 MiB state). No call renders more than
+    about ``RENDER_PIECE`` items: a flat array or object (of numbers, strings, booleans, nulls and flat arrays and
+    objects) is rendered that many items a call, and in one that holds deeper arrays or objects each of those is
+    rendered the same way on its own (the nesting is bounded by ``server.bodies.MAX_DEPTH``). The same text:
+    ``json.dumps`` joins items with ``", "`` and keys with ``": "``."""
+    parts: list[str] = []
+    _render(value, parts)
+    return "".join(parts)
+
+
+def _render(value: Any, parts: list[str]) -> None:
+    kind = type(value)
+    if kind is not list and kind is not dict or not value:
+        parts.append(json.dumps(value, ensure_ascii=False))
+        return
+    is_dict = kind is dict
+    parts.append("{" if is_dict else "[")
+    run: list[Any] = []  # items (or key and item pairs) waiting to be rendered by one call
+    weight = 0
+    first = True
+    for item in value.items() if is_dict else value:
+        child = item[1] if is_dict else item
+        of = type(child)
+        if of is not list and of is not dict or not child:
+            cost = 1
+        elif len(child) <= RENDER_PIECE and not _NESTING & set(map(type, child.values() if of is dict else child)):
+            cost = len(child) + 1  # a flat array or object: rendered with the run
+        else:
+            if run:
+                first = _flush(run, is_dict, parts, first)
+                weight = 0
+            parts.append(("" if first else ", ") + (json.dumps(item[0], ensure_ascii=False) + ": " if is_dict else ""))
+            first = False
+            _render(child, parts)
+            continue
+        if run and weight + cost > RENDER_PIECE:
+            first = _flush(run, is_dict, parts, first)
+            weight = 0
+        run.append(item)
+        weight += cost
+    if run:
+        _flush(run, is_dict, parts, first)
+    parts.append("}" if is_dict else "]")
+
+
+_NESTING = {list, dict}
+
+
+def _flush(run: list[Any], is_dict: bool, parts: list[str], first: bool) -> bool:
+    """Render the items waiting in ``run`` with one call, after a separator unless they come ``first``."""
+    text = json.dumps(dict(run) if is_dict else run, ensure_ascii=False)[1:-1]
+    parts.append(text if first else ", " + text)
+    run.clear()
+    return False
 
 
 def state_segment(state: str) -> str:

@@ -28,7 +28,8 @@ from .cache import PrefixCache, tokens_key
 from .errors import EngineError, GpuUnavailable, RestoreFailed, ScoringFailed
 from .executor import Executor, Outcome
 from .memory import Blob, Memory
-from .plan import HEAD_BLOB, STATE_SEQ, JobSpec, Limits, Plan, Save, chunked, plan_job
+from .outlook import foreseen_plan
+from .plan import HEAD_BLOB, STATE_SEQ, Decode, JobSpec, Limits, Plan, Save, chunked, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix, prompt_score
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Job:
     next: int = 0  # index of the next step
     restarts: int = 0
     held: tuple[bytes, ...] = ()  # cache entries this job holds (released when it ends)
+    decoded_tokens: int = 0  # tokens of the decode steps run so far (what the speed is measured on)
 
     @property
     def done(self) -> bool:
@@ -230,6 +232,7 @@ class Engine:
             self.cache.clear()  # states cached under another head would never match again
             if tokens:
                 self._memory.reset()
+                self._executor.abort.clear()  # no job runs while the lock is held: a stop left over is stale
                 for step in chunked(STATE_SEQ, tokens, 0, self.batch_tokens, None):
                     self._executor.decode(step, {})
                 self._head_blob = self._memory.save(STATE_SEQ)
@@ -257,11 +260,17 @@ class Engine:
         common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
         end = max(head, common if state is None else min(state[1], common))
         state_key = tokens_key("state", prompts[0][:end]) if end > head else None
-        return JobSpec(prompts, tuple(tries), head, end, state_key)
+        answer_keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(prompts, tries))
+        return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=answer_keys)
 
     def plan(self, spec: JobSpec) -> Plan:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""
         return plan_job(spec, self.limits)
+
+    def foresee(self, spec: JobSpec, plan: Plan, ahead: frozenset[bytes]) -> Plan:
+        """The plan ``spec`` will run when it starts, given what the cache holds now and the entries the jobs
+        ahead of it (``ahead``) will leave there (``outlook``)."""
+        return foreseen_plan(spec, plan, self.limits, lambda key: key in ahead or key in self.cache)
 
     @property
     def lock(self) -> threading.Lock:
@@ -291,7 +300,7 @@ class Engine:
             self.cache.discard(spec.state_key)
 
     def _answer_keys(self, spec: JobSpec) -> tuple[bytes, ...]:
-        return tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+        return spec.answer_keys or tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
 
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> Job:
         """A job for ``spec``, as the cache stands when it starts: the answers and the state it already holds,
@@ -320,7 +329,6 @@ class Engine:
         saves goes into the cache at once, so that it outlives the job if the job is dropped later."""
         if job.next == 0:
             self._memory.reset()
-            self._executor.abort.clear()
         if job.next < len(job.plan.steps):
             step = job.plan.steps[job.next]
             try:
@@ -333,6 +341,8 @@ class Engine:
                 raise
             if isinstance(step, Save):
                 self.cache.put(step.key, job.outcome.saved.pop(step.key))
+            elif isinstance(step, Decode):
+                job.decoded_tokens += step.tokens
             job.next += 1
         if job.next == len(job.plan.steps):
             self._memory.reset()
@@ -353,9 +363,15 @@ class Engine:
         job.restart(plan_job(replace(job.spec, state_cached=False), self.limits))
 
     def abort(self) -> None:
-        """Stop the ``llama_decode`` running now (any thread): the job's deadline passed."""
+        """Stop the ``llama_decode`` running now, or the next one (any thread): the job's deadline passed."""
         if self._executor is not None:
             self._executor.abort.set()
+
+    def reset_abort(self) -> None:
+        """Clear a stop left over from an earlier job. The scheduler calls this before it makes a job the running
+        one, so that an abort aimed at that job, however early it lands, is never cleared."""
+        if self._executor is not None:
+            self._executor.abort.clear()
 
     def abandon(self, job: Job) -> None:
         """Drop a job part way (a deadline, a failure): its memory is freed for the next one; the state it saved
@@ -415,13 +431,13 @@ class Engine:
         if self._executor is not None:
             self._executor.abort.set()
         with self._lock:
-            self._close()
+            self._free()
 
     def _require_open(self) -> None:
         if self._model is None:
             raise ScoringFailed("the engine is closed")
 
-    def _close(self) -> None:
+    def _free(self) -> None:
         if self._executor is not None:
             self._executor.close()
             self._executor = None

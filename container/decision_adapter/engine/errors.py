@@ -36,6 +36,27 @@ class TooSlow(Busy):
     """The job's work, after the work ahead of it, cannot be done before its deadline at the measured speed."""
 
 
+class TooLarge(RuntimeError):
+    """A request's own work, at the measured speed, takes longer than its deadline allows even on an idle server:
+    no retry can pass; the request must be split."""
+
+    def __init__(self, tokens: int, tokens_per_s: float, allowed_s: float):
+        super().__init__(f"{tokens} tokens need about {tokens / tokens_per_s:.0f} s at the measured "
+                         f"{tokens_per_s:.0f} tokens/s; {allowed_s:.0f} s are allowed")
+        self.tokens = tokens
+        self.tokens_per_s = tokens_per_s
+        self.allowed_s = allowed_s
+
+    @property
+    def needed_s(self) -> float:
+        return self.tokens / self.tokens_per_s
+
+    @property
+    def allowed_tokens(self) -> int:
+        """About the most a request may decode here: what the measured speed does in the time allowed."""
+        return int(self.tokens_per_s * self.allowed_s)
+
+
 class DeadlineExceeded(RuntimeError):
     """The job was not answered within its deadline; its work was dropped."""
 

@@ -124,6 +124,7 @@ class JobSpec:
     state_key: bytes | None = None  # where the state is (or will be) cached; None: do not cache it
     state_cached: bool = False
     answered: frozenset[int] = frozenset()  # prompts whose whole answer the cache already holds
+    answer_keys: tuple[bytes, ...] = ()  # where each prompt's answer is (or will be) cached; (): not cached
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,9 @@ class NodeRead:
         return self.logits[child] - self.log_normaliser
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PromptScore:
-    """One prompt's readout, in label order."""
+    """One prompt's readout, in label order. Kept in the state cache: slots, so that its size is its fields'."""
 
     label_logprobs: tuple[float, ...]  # log P(label | prompt) over the full vocabulary (chain rule)
     first_token_logits: tuple[float, ...]  # raw logit of each label's first token at the answer position

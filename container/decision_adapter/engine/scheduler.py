@@ -11,10 +11,16 @@ memory is freed, and a state it saved stays cached for the retry. Jobs run one a
 memory out from empty cells, which is what keeps an answer the same bit for bit whatever else is in flight (see
 ``plan``). On a CPU this costs nothing: a decode already uses every core.
 
-Admission is by work and by time: a job is accepted while the tokens it decodes, added to those of the jobs
-queued and running, stay within ``ADAPTER_QUEUE_TOKENS`` (a job alone is always accepted), and while that work,
-at the speed measured on the jobs run so far, can be done before the job's deadline; otherwise ``Busy``, at once.
-Everything a job owns (its plan, its reads, its future) lives in the job.
+Admission is by work and by time. A job is charged what it will decode when it starts: its plan given what the
+cache holds and what the jobs ahead of it will have left there (``outlook``: a state they decode is restored, an
+answer they read is not read again). It is accepted while those tokens, added to those of the jobs queued and
+running, stay within ``ADAPTER_QUEUE_TOKENS`` (a job alone is always accepted), and while that work, at the speed
+measured on the jobs run so far, can be done before the job's deadline; otherwise ``Busy``, at once. A request
+whose own work, at that speed, takes longer than its deadline allows even on an idle server (``allowed_s``) gets
+``TooLarge``: no retry can pass. When a job starts it is charged again, for what the cache then holds, and a job
+that can no longer finish before its deadline is refused then (``TooSlow``) rather than run into it. The speed is
+learnt from every job that ran, to its end or not: the tokens of the decodes it finished over the seconds they
+took. Everything a job owns (its plan, its reads, its future) lives in the job.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ import time
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
-from .errors import Busy, DeadlineExceeded, DecodeAborted, ScoringFailed, TooSlow
+from .errors import Busy, DeadlineExceeded, DecodeAborted, ScoringFailed, TooLarge, TooSlow
+from .outlook import leaves
 from .plan import JobSpec, Plan
 from .readout import PromptScore, ScoreStats
 
@@ -43,11 +50,14 @@ SPEED_MEMORY = 0.8  # the weight the sums keep at each new job
 
 @runtime_checkable
 class JobRunner(Protocol):
-    """What the scheduler needs of an engine: a lock held while stepping, and a job's start, steps, end and
-    results, and a way to stop the decode in progress from another thread."""
+    """What the scheduler needs of an engine: a lock held while stepping, what a job will decode given the cache,
+    a job's start, steps, end and results, and a way to stop the decode in progress from another thread. A job
+    has ``tokens`` (what it decodes) and ``decoded_tokens`` (what it has decoded so far)."""
 
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
+
+    def foresee(self, spec: JobSpec, plan: Plan, ahead: frozenset[bytes]) -> Plan: ...
 
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> Any: ...
 
@@ -57,6 +67,8 @@ class JobRunner(Protocol):
 
     def abort(self) -> None: ...
 
+    def reset_abort(self) -> None: ...
+
     def finish(self, job: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
 
@@ -65,9 +77,9 @@ class Ticket:
     """One submitted job and what its caller waits on."""
 
     spec: JobSpec
-    plan: Plan  # as if nothing were cached: what the job is admitted for
+    plan: Plan  # as if nothing were cached
     deadline: float  # time.monotonic() after which the job is dropped (math.inf: never)
-    tokens: int  # what the job was admitted for (its uncached plan's tokens)
+    tokens: int  # what the job is charged: what it will decode (foreseen at admission, known once it starts)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     future: Future = field(default_factory=Future)
@@ -93,41 +105,55 @@ class Scheduler:
     # ---- callers -------------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec, plan: Plan, *, deadline: float | None = None,
-               by_tokens: bool = True) -> Ticket:
-        """Queue a job with its ``deadline`` (``time.monotonic()``; None: none); raises Busy. ``by_tokens=False``
-        skips the token budget (a record of a batch: the batch was admitted as a whole); admission by time holds
-        for every job with a deadline."""
-        [ticket] = self.submit_all([(spec, plan)], deadline=deadline, by_tokens=by_tokens)
+               by_tokens: bool = True, allowed_s: float | None = None) -> Ticket:
+        """Queue a job with its ``deadline`` (``time.monotonic()``; None: none); raises Busy (TooSlow, TooLarge).
+        ``by_tokens=False`` skips the token budget (a Batch Transform mini-batch: it is alone); admission by time
+        holds for every job with a deadline. ``allowed_s``: the most time a request may take on this server."""
+        [ticket] = self.submit_all([(spec, plan)], deadline=deadline, by_tokens=by_tokens, allowed_s=allowed_s)
         return ticket
 
     def submit_all(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
-                   by_tokens: bool = True) -> list[Ticket]:
+                   by_tokens: bool = True, allowed_s: float | None = None) -> list[Ticket]:
         """Queue the jobs of one request (its answer and its priors) one after another, admitted as one: all of
-        them or none (Busy); the tickets in the order given."""
+        them or none; the tickets in the order given. Each is charged what it will decode (see the module's
+        text); raises ``TooLarge`` when that alone needs more than ``allowed_s`` at the measured speed, else
+        ``Busy`` or ``TooSlow`` when it does not fit now."""
         end = math.inf if deadline is None else deadline
-        tickets = [Ticket(spec, plan, end, plan.tokens) for spec, plan in jobs]
+        with self._ready:
+            ahead = set(self._leaving())
+        tickets = []
+        for spec, plan in jobs:  # outside the lock: planning a job takes a few milliseconds
+            tickets.append(Ticket(spec, plan, end, self.engine.foresee(spec, plan, frozenset(ahead)).tokens))
+            ahead.update(leaves(spec))  # the request's own jobs run one after another
         with self._ready:
             if self._stopping:
                 raise Busy("the server is shutting down")
-            self._admit(sum(t.tokens for t in tickets), end, by_tokens)
+            self._admit(sum(t.tokens for t in tickets), end, by_tokens, allowed_s)
             for ticket in tickets:
                 self._queued_tokens += ticket.tokens
                 self._queue.append(ticket)
             self._ready.notify()
         return tickets
 
-    def _admit(self, tokens: int, deadline: float, by_tokens: bool) -> None:
+    def _leaving(self) -> Iterator[bytes]:
+        """The cache entries the jobs queued and running leave before a job queued now starts."""
+        for ticket in (*self._queue, *((self._running,) if self._running is not None else ())):
+            yield from leaves(ticket.spec)
+
+    def _admit(self, tokens: int, deadline: float, by_tokens: bool, allowed_s: float | None) -> None:
+        speed = self.tokens_per_s
+        if speed and allowed_s is not None and tokens / speed > allowed_s:
+            raise TooLarge(tokens, speed, allowed_s)
         queued = self._queued_tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
             raise Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
-        speed = self.tokens_per_s
         if speed and not math.isinf(deadline):
             needed = (queued + tokens) / speed
             left = deadline - time.monotonic()
             if needed > left:
                 raise TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about {needed:.1f} s "
-                           f"at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are left before its "
-                           f"deadline")
+                              f"at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are left before its "
+                              f"deadline")
 
     def result(self, ticket: Ticket) -> tuple[list[PromptScore], ScoreStats]:
         """The job's result; raises DeadlineExceeded (the job is cancelled) or ScoringFailed."""
@@ -164,12 +190,23 @@ class Scheduler:
         with self._ready:
             return len(self._queue) + (self._running is not None)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Refuse new jobs, let those queued run, and end the thread."""
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Refuse new jobs, let those queued run, and end the thread; past ``timeout_s`` the jobs still queued are
+        refused (Busy) and the running one is stopped inside its decode. True once the thread has ended: only then
+        may the engine be freed."""
         with self._ready:
             self._stopping = True
             self._ready.notify()
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            with self._ready:
+                for ticket in self._queue:
+                    self._queued_tokens -= ticket.tokens
+                    ticket.future.set_exception(Busy("the server is shutting down"))
+                self._queue.clear()
+                self.engine.abort()
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     # ---- the scheduler thread ------------------------------------------------------------------
 
@@ -181,6 +218,9 @@ class Scheduler:
                 if not self._queue:
                     return
                 ticket = self._queue.popleft()
+                # Before the job is the running one, which is when cancel() may abort it: an abort after this
+                # point stops this job, however early it lands.
+                self.engine.reset_abort()
                 self._running = ticket
             try:
                 self._run(ticket)
@@ -197,17 +237,27 @@ class Scheduler:
             ticket.future.set_exception(DeadlineExceeded("the job waited past its deadline"))
             return
         engine = self.engine
+        job = None
+        stepped = ticket.started  # when the last step ended
         try:
             with engine.lock:
                 job = engine.begin(ticket.spec, ticket.plan)
+                if late := self._recharge(ticket, job.tokens):
+                    engine.abandon(job)
+                    ticket.future.set_exception(late)
+                    return
                 while engine.step(job):
-                    if time.monotonic() > ticket.deadline:
+                    stepped = time.monotonic()
+                    if stepped > ticket.deadline:
                         engine.abandon(job)
+                        self._measure(job.decoded_tokens, stepped - ticket.started)
                         ticket.future.set_exception(DeadlineExceeded("the job ran past its deadline"))
                         return
+                stepped = time.monotonic()
             result = engine.finish(job)
-            self._measure(job.tokens, time.monotonic() - ticket.started)
+            self._measure(job.decoded_tokens, stepped - ticket.started)
         except DecodeAborted:  # the engine dropped the job already
+            self._measure(job.decoded_tokens if job is not None else 0, stepped - ticket.started)
             ticket.future.set_exception(DeadlineExceeded("the job was stopped at its deadline"))
             return
         except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the scheduler
@@ -215,6 +265,19 @@ class Scheduler:
             ticket.future.set_exception(ScoringFailed(f"{type(exc).__name__}: {exc}"))
             return
         ticket.future.set_result(result)
+
+    def _recharge(self, ticket: Ticket, tokens: int) -> TooSlow | None:
+        """Charge a starting job what it decodes as the cache now stands (more than foreseen where an entry it
+        counted on is gone, less where one came); a TooSlow if that can no longer be done before its deadline."""
+        with self._ready:
+            self._queued_tokens += tokens - ticket.tokens
+            ticket.tokens = tokens
+        speed = self.tokens_per_s
+        left = ticket.deadline - time.monotonic()
+        if speed and not math.isinf(left) and tokens / speed > left:
+            return TooSlow(f"the {tokens} tokens of this job need about {tokens / speed:.1f} s at the measured "
+                           f"{speed:.0f} tokens/s; {max(0.0, left):.1f} s were left when it started")
+        return None
 
     def _measure(self, tokens: int, seconds: float) -> None:
         if tokens > 0 and seconds > 0:

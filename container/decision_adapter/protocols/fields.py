@@ -4,7 +4,8 @@ Every string of a request is checked here once, where pydantic validates it, so 
 the field: a lone UTF-16 surrogate (``"\\ud800"`` in JSON) is not text and cannot be tokenized or
 written back, and text shown to the model must not hold its control tokens. Every number inside a
 JSON value must be finite (``1e400`` parses to infinity, which JSON cannot carry back). Nesting depth is
-bounded before parsing (``bodies.check_depth``), so the walks here are shallow and iterative.
+bounded before parsing (``bodies.check_depth``), so the walks here are shallow and iterative, and they keep
+nothing per item.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo
+from pydantic import model_validator
 from pydantic import WithJsonSchema
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
@@ -41,6 +43,21 @@ class StrictModel(BaseModel):
     """A request object: exact JSON types (no "1" for 1, no 1 for "1") and no unknown fields."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_unknown_field_only(cls, data: Any) -> Any:
+        """pydantic reports every unknown field, each an error object: an object of hundreds of thousands of them
+        would cost hundreds of MB and seconds to refuse. Only the first (in the body's order) is reported."""
+        if not isinstance(data, dict) or len(data) <= len(cls.model_fields) + 1:
+            return data
+        unknown = data.keys() - cls.model_fields.keys()
+        if len(unknown) <= 1:
+            return data
+        first = next(key for key in data if key in unknown)
+        kept = {key: data[key] for key in cls.model_fields if key in data}
+        kept[first] = data[first]
+        return kept
 
 
 def printable(text: str) -> str:
@@ -80,28 +97,107 @@ def _non_empty(value: Any) -> Any:
 
 
 def check_json(value: Any, info: ValidationInfo) -> Any:
-    """Walk a JSON value (its depth is already bounded): keys and strings readable, numbers finite."""
-    problems: list[InitErrorDetails] = []
-    stack: list[tuple[tuple[str | int, ...], Any]] = [((), value)]
-    while stack and not problems:
-        loc, item = stack.pop()
-        if isinstance(item, str):
-            if problem := string_problem(item, info.context, shown=True):
-                problems.append(InitErrorDetails(type=problem, loc=loc, input=printable(item)))
-        elif isinstance(item, float) and not math.isfinite(item):
-            problems.append(InitErrorDetails(type=PydanticCustomError(
-                "finite_number", "must be a finite number (JSON has no infinity or NaN)"), loc=loc, input=None))
-        elif isinstance(item, dict):
-            for key, child in reversed(item.items()):
-                if problem := string_problem(key, info.context, shown=True):
-                    problems.append(InitErrorDetails(type=problem, loc=loc + (printable(key),), input=printable(key)))
-                    break
-                stack.append((loc + (key,), child))
-        elif isinstance(item, list):
-            stack.extend((loc + (i,), child) for i, child in reversed(list(enumerate(item))))
-    if problems:
-        raise ValidationError.from_exception_data("JSON value", problems)
+    """A JSON value whose keys and strings are readable and whose numbers are finite; else the first problem,
+    located (``json_problem``)."""
+    if problem := json_problem(value, info.context):
+        raise ValidationError.from_exception_data("JSON value", [problem])
     return value
+
+
+def json_problem(value: Any, context: Any) -> InitErrorDetails | None:
+    """The first key, string or number of ``value`` that cannot be taken (a lone surrogate, the model's control
+    token, a number that is not finite), in document order and located from ``value``; None if there is none.
+
+    Two walks, both iterative: ``_clean`` checks the value with the work per item in C (``map`` and ``filter``
+    over each large container), keeping one reference per container still to check; only when it finds
+    something does ``_first_problem`` walk item by item, with one iterator per level of nesting (at most
+    ``bodies.MAX_DEPTH``), to say where. Neither keeps anything else per item."""
+    searches = [SURROGATE.search]
+    control = getattr(context, "control_tokens", None)
+    if control is not None:
+        searches.append(control.search)
+    if _clean(value, searches):
+        return None
+    return _first_problem(value, context, searches)
+
+
+SMALL = 16  # a container this short is checked item by item: the bulk calls cost more than they save
+
+
+def _clean(value: Any, searches: list[Any]) -> bool:
+    """Whether no key or string of ``value`` matches ``searches`` and every number is finite."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is str:
+            if any(search(item) for search in searches):
+                return False
+            continue
+        if kind is float:
+            if not math.isfinite(item):
+                return False
+            continue
+        if kind is not dict and kind is not list or not item:
+            continue
+        if kind is dict:
+            if any(any(map(search, item)) for search in searches):
+                return False
+            values = item.values()
+        else:
+            values = item
+        if len(item) <= SMALL:
+            pending.extend(values)
+            continue
+        kinds = set(map(type, values))
+        if float in kinds and not all(map(math.isfinite, filter(float.__instancecheck__, values))):
+            return False
+        if str in kinds and any(any(map(search, filter(str.__instancecheck__, values))) for search in searches):
+            return False
+        if list in kinds:
+            pending.extend(filter(list.__instancecheck__, values))
+        if dict in kinds:
+            pending.extend(filter(dict.__instancecheck__, values))
+    return True
+
+
+def _first_problem(value: Any, context: Any, searches: list[Any]) -> InitErrorDetails | None:
+    """The first problem in document order, walked item by item with the path to the current item."""
+    path: list[str | int] = []
+    levels: list[Iterator[tuple[Any, Any]]] = []
+    item = value
+    while True:
+        kind = type(item)
+        if kind is str:
+            if any(search(item) for search in searches):
+                problem = string_problem(item, context, shown=True)
+                return InitErrorDetails(type=problem, loc=tuple(path), input=printable(item))
+        elif kind is float:
+            if not math.isfinite(item):
+                return InitErrorDetails(type=PydanticCustomError(
+                    "finite_number", "must be a finite number (JSON has no infinity or NaN)"), loc=tuple(path),
+                    input=None)
+        elif kind is dict and item:
+            levels.append(iter(item.items()))
+            path.append("")
+        elif kind is list and item:
+            levels.append(enumerate(item))
+            path.append(0)
+        while levels:  # the next item: the next child of the deepest level that has one
+            step = next(levels[-1], None)
+            if step is None:
+                levels.pop()
+                path.pop()
+                continue
+            key, item = step
+            path[-1] = key
+            if type(key) is str and any(search(key) for search in searches):
+                path[-1] = printable(key)
+                return InitErrorDetails(type=string_problem(key, context, shown=True), loc=tuple(path),
+                                        input=printable(key))
+            break
+        else:
+            return None
 
 
 # Text the model reads: a string without lone surrogates or control tokens.

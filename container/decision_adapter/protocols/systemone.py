@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 
 from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS, QUESTION_TYPES
 from ..decisions.model import Question, Scored
-from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, state_text
+from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, json_text, state_text
 from ..errors import Failure, InputError, Loc
 from .call import Answer, Call
 from .fields import DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, printable, string_problem
@@ -206,7 +206,7 @@ def parse(body: Any, context: RequestContext) -> tuple[str, str, list[Item]]:
 
 
 def _structured(value: Any) -> str | None:
-    return None if value is None else value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return None if value is None else value if isinstance(value, str) else json_text(value)
 
 
 def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str,

@@ -1,21 +1,26 @@
-"""Batch Transform: what one container can finish (``/execution-parameters``), and a mini-batch answered record
-by record within one budget.
+"""Batch Transform: what one container can finish (``/execution-parameters``), and a body of records answered
+record by record within one budget.
 
 SageMaker sends a mini-batch (``SplitType`` Line, ``BatchStrategy`` MultiRecord) as one request and waits
 ``InvocationsTimeoutInSeconds`` for it (600 s unless the job says; at most 3,600), retrying it whole on a
-timeout. So a mini-batch must be sized to what the model finishes in that time, and be one unit of work:
+timeout; it fails the job on a record larger than ``MaxPayloadInMB``. So the sizing must never be below a valid
+record, and a mini-batch must be one unit of work:
 
 - ``MaxConcurrentTransforms`` is 1: one scheduler runs one job at a time, so a second mini-batch in flight would
   only wait, its clock running.
-- ``MaxPayloadInMB`` is derived from the decode speed measured since start-up (the probe first) and the bytes
-  of request text per evaluated token (the probe's): the payload the model evaluates in half the mini-batch's
-  budget (90% of ``ADAPTER_BATCH_TIMEOUT_S``), within the body limit. Where not even 1 MB (SageMaker's smallest)
-  fits, the answer is ``SINGLE_RECORD``: one record per request, the only shape that can finish.
-- The records of a mini-batch run one after another under the mini-batch's deadline, without the token budget
-  (the mini-batch was admitted as a whole); a record that cannot be done in what is left of the budget, at the
-  measured speed, gets an error record at once, and so does a record with bad input (the contract of the answer:
-  ``protocols.openapi.BATCH_LINES``). Records over one state share its evaluation through the state cache (a
-  record finds the state the one before saved).
+- ``MaxPayloadInMB`` is the body limit in whole MiB: a record up to the body limit is valid (a ``decisions``
+  record repeats its state in every decision: 64 decisions over a 20 KB state are 1.3 MB), so any smaller
+  payload could fail the job on one record. ``BatchStrategy`` is ``MULTI_RECORD`` where a mini-batch of that size
+  is evaluated in half the mini-batch's budget (90% of ``ADAPTER_BATCH_TIMEOUT_S``) at the decode speed measured
+  since start-up (the probe first) and the bytes of request text per evaluated token (the probe's, with the
+  first prior of a question counted: a record of a new question pays it); elsewhere ``SINGLE_RECORD``, one record
+  a request with the whole budget, the only shape that can finish.
+- The records of a body run one after another under the request's one budget (``calls.request_budget``: the
+  mini-batch's in a transform; an endpoint's real-time deadline and token budget elsewhere). A record is not
+  even parsed once the budget is spent: it gets an error line (503, retryable), as does one that cannot be done
+  in what is left at the measured speed; a record with bad input, or whose work can never fit the budget, gets
+  its 4xx line (the contract of the answer: ``protocols.openapi.BATCH_LINES``). Records over one state share its
+  evaluation through the state cache (a record finds the state the one before saved).
 """
 
 from __future__ import annotations
@@ -27,12 +32,12 @@ from ..errors import InputError
 from ..protocols.dispatch import protocol_of
 from ..settings import MIB, Settings
 from . import bodies
-from .calls import call
+from .calls import Budget, call
 from .errors import classify
 from .logs import add_log_fields
 
-# MaxPayloadInMB is sized to fill this share of a mini-batch's budget at the measured speed: records longer than
-# the probe's, and a slower machine than at start-up, have the rest.
+# MULTI_RECORD is chosen where a full mini-batch fills at most this share of its budget at the measured speed:
+# records longer than the probe's, and a slower machine than at start-up, have the rest.
 FILL = 0.5
 SAGEMAKER_MIN_PAYLOAD_MB = 1
 
@@ -51,20 +56,22 @@ class ExecutionParameters:
 def execution_parameters(settings: Settings, tokens_per_s: float | None,
                          bytes_per_token: float | None) -> ExecutionParameters:
     """What one container finishes within a mini-batch's budget at the measured speed (see the module's text)."""
-    body_mb = max(1, settings.max_body_bytes // MIB)
+    body_mb = max(SAGEMAKER_MIN_PAYLOAD_MB, settings.max_body_bytes // MIB)
     if not tokens_per_s or not bytes_per_token:
         return ExecutionParameters(1, "SINGLE_RECORD", body_mb)
-    payload_mb = int(tokens_per_s * settings.batch_budget_s * FILL * bytes_per_token // MIB)
-    if payload_mb < SAGEMAKER_MIN_PAYLOAD_MB:
-        return ExecutionParameters(1, "SINGLE_RECORD", body_mb)
-    return ExecutionParameters(1, "MULTI_RECORD", min(body_mb, payload_mb))
+    filled_mb = tokens_per_s * settings.batch_budget_s * FILL * bytes_per_token / MIB
+    return ExecutionParameters(1, "MULTI_RECORD" if filled_mb >= body_mb else "SINGLE_RECORD", body_mb)
 
 
-def answer_lines(records: list[tuple[int, bytes]], deadline: float) -> list[dict[str, Any]]:
+def answer_lines(records: list[tuple[int, bytes]], budget: Budget) -> list[dict[str, Any]]:
     """One result object per record, in order: the answer in the record's protocol, or an error object naming
     the line, with its status (and ``retryable`` where trying the record again later may pass)."""
     out = []
     for number, raw in records:
+        if budget.spent:
+            out.append({"error": f"line {number}: the request's time ran out before this record; retry it",
+                        "status": 503, "retryable": True})
+            continue
         try:
             if not raw.strip():
                 raise InputError((), "is empty")
@@ -74,7 +81,7 @@ def answer_lines(records: list[tuple[int, bytes]], deadline: float) -> list[dict
             out.append({"error": f"line {number}: {exc}", "status": 400})
             continue
         try:
-            answer = protocol.answer(obj, call(deadline, by_tokens=False))
+            answer = protocol.answer(obj, call(budget))
         except Exception as exc:  # noqa: BLE001 - classified in one place, written as this record's error
             failure = classify(exc)
             payload, status = protocol.render(failure)

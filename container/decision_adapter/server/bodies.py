@@ -2,12 +2,18 @@
 
 - ``read_body``: at most the byte limit, sent or decoded (413 above); ``Content-Encoding`` zstd (every
   frame) and gzip (every member) are decoded whole, or refused: never truncated.
-- ``check_depth``: arrays and objects nested deeper than ``MAX_DEPTH`` are refused from the bytes, with
-  no recursion, before ``json`` would recurse into them.
-- ``parse_json``: strict UTF-8 JSON, no ``NaN``/``Infinity``; ``split_records``: a JSON-lines body, or
-  an ``application/json`` body holding several objects one per line (Batch Transform's SplitType=Line),
-  into numbered records.
+- ``check_depth``: arrays and objects nested deeper than ``MAX_DEPTH``, or more than ``MAX_CONTAINERS`` of
+  them, are refused from the bytes, with no recursion, before ``json`` would build them (``structure``: one pass
+  in numpy).
+- ``parse_json``: strict UTF-8 JSON, no ``NaN``/``Infinity``; ``parse_invocation``: one JSON value, or a
+  JSON-lines body, or an ``application/json`` body holding several objects one per line (Batch Transform's
+  SplitType=Line), as numbered records (``split_records``), each body parsed once.
 - ``dumps``: every response body, as JSON that any parser reads (no NaN or infinity, valid UTF-8).
+
+Every step is linear in the body and none holds the GIL for long: decompression works in pieces (zlib and
+zstd release the GIL inside), the depth pass in numpy over pieces of ``DEPTH_PIECE`` bytes, UTF-8 decoding and
+``json``'s scanner are linear C (``int`` refuses numbers of more than 4,300 digits before converting them), so
+``/ping`` and the scheduler keep running while a 6 MiB body is read.
 """
 
 from __future__ import annotations
@@ -15,23 +21,27 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from itertools import accumulate
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import numpy as np
 import zstandard
 
 from ..errors import ApiError, InputError
 
 MAX_DEPTH = 64
+# Arrays and objects one body may hold. Each costs ~80 bytes as a Python object for its 2 bytes of JSON (40x: a
+# 6 MiB body of them would take 240 MB); the largest valid request holds ~17,000 outside its states (64
+# decisions of 255 options) and a state that fits a prompt a few thousand.
+MAX_CONTAINERS = 1_000_000
 ZSTD_PIECE = 64  # compressed bytes per step: at most a few MB of output each
 GZIP_PIECE = 64 * 1024  # compressed bytes per step; the output of each is capped at what the limit leaves
 # Frames (zstd) or members (gzip) one body may hold: clients send one; thousands of empty ones cost time only.
 MAX_FRAMES = 64
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
-_DECODER = json.JSONDecoder()
+DEPTH_PIECE = 256 * 1024  # bytes per step of the depth pass: the GIL can change hands between steps
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
 def read_body(stream: BinaryIO, content_length: int | None, encoding: str | None, limit: int) -> bytes:
@@ -108,15 +118,69 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
-def check_depth(data: bytes, limit: int = MAX_DEPTH) -> None:
-    """Refuse JSON that nests arrays and objects deeper than ``limit``, without parsing or recursing."""
+def check_depth(data: bytes, limit: int = MAX_DEPTH, most: int = MAX_CONTAINERS) -> None:
+    """Refuse JSON that nests arrays and objects deeper than ``limit``, or holds more than ``most`` of them,
+    without parsing or recursing."""
     if data.count(b"[") + data.count(b"{") <= limit:
         return
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    depth = max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+    depth, containers = structure(data)
     if depth > limit:
         raise InputError((), f"the body nests arrays and objects {depth} levels deep, over the limit of {limit}",
                          "json_too_deep")
+    if containers > most:
+        raise InputError((), f"the body holds {containers} arrays and objects, over the limit of {most}",
+                         "json_too_many_containers")
+
+
+def structure(data: bytes) -> tuple[int, int]:
+    """The deepest nesting of arrays and objects in ``data`` and how many it opens, brackets inside strings not
+    counted: one pass over pieces of ``DEPTH_PIECE`` bytes in numpy (linear; the state between pieces is the
+    nesting so far, whether a string is open and the backslashes just before). A quote closes or opens a string
+    unless an odd run of backslashes precedes it. On valid JSON these are exact; on invalid JSON they are at least
+    those of the part a parser reads before it fails, so a body they pass never makes ``json`` recurse deeper, or
+    build more, than the limits."""
+    view = np.frombuffer(data, np.uint8)
+    depth = deepest = containers = 0
+    in_string = False
+    backslashes = 0  # the run of backslashes that ends the pieces read so far
+    for start in range(0, len(view), DEPTH_PIECE):
+        piece = view[start:start + DEPTH_PIECE]
+        quotes = np.flatnonzero(piece == _QUOTE)
+        slash = piece == _BACKSLASH
+        if quotes.size and (backslashes or slash.any()):
+            quotes = quotes[_unescaped(quotes, slash, backslashes)]
+        opening = (piece == 0x5B) | (piece == 0x7B)  # [ {
+        brackets = np.flatnonzero(opening | (piece == 0x5D) | (piece == 0x7D))  # ] }
+        if brackets.size:
+            # A bracket is outside strings where an even number of quotes precede it in the piece (odd when the
+            # piece starts inside a string).
+            outside = brackets[(np.searchsorted(quotes, brackets) + in_string) % 2 == 0]
+            if outside.size:
+                opens = opening[outside]
+                containers += int(np.count_nonzero(opens))
+                levels = np.cumsum(np.where(opens, 1, -1)) + depth
+                deepest = max(deepest, int(levels.max()))
+                depth = int(levels[-1])
+        in_string ^= bool(quotes.size % 2)
+        backslashes = _trailing_run(slash, backslashes)
+    return deepest, containers
+
+
+def _unescaped(quotes: np.ndarray, slash: np.ndarray, carried: int) -> np.ndarray:
+    """Which of the quotes at ``quotes`` are not escaped: the run of backslashes just before each is even
+    (``carried``: the run that ended the previous piece, for quotes it reaches back into)."""
+    positions = np.arange(slash.size, dtype=np.int64)
+    last_other = np.maximum.accumulate(np.where(slash, -1, positions))  # the last non-backslash at or before i
+    before = quotes - 1
+    reach = last_other[np.maximum(before, 0)]
+    run = np.where(before >= 0, before - reach, 0) + np.where((before < 0) | (reach < 0), carried, 0)
+    return run % 2 == 0
+
+
+def _trailing_run(slash: np.ndarray, carried: int) -> int:
+    """The run of backslashes that ends this piece (continuing ``carried`` when the piece is all backslashes)."""
+    others = np.flatnonzero(~slash)
+    return carried + slash.size if not others.size else slash.size - 1 - int(others[-1])
 
 
 def _text(data: bytes) -> str:
@@ -144,37 +208,62 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def holds_lines(data: bytes) -> bool:
-    """Whether an ``application/json`` body holds several JSON values, one per line (Batch Transform's
-    SplitType=Line with BatchStrategy=MultiRecord), rather than one value (which may span lines): its first
-    value is followed by more on another line, or (a malformed first record) it is no single value and one of its
-    other lines is a request object on its own."""
-    text = data.decode("utf-8", errors="replace").lstrip()
-    if not text or "\n" not in text:
-        return False
+@dataclass(frozen=True)
+class Invocation:
+    """A parsed ``/invocations`` body: one JSON value, or numbered records (one per line)."""
+
+    value: Any = None
+    records: list[tuple[int, bytes]] | None = None
+
+
+_STRICT = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def parse_invocation(data: bytes, *, lines: bool, max_lines: int) -> Invocation:
+    """A body of records (``lines``: JSON lines), or an ``application/json`` body: one JSON value (which may span
+    lines), or several values one per line (Batch Transform's SplitType=Line with BatchStrategy=MultiRecord): its
+    first value is followed by more on another line, or (a malformed first record) it is no single value and one
+    of its other lines is a request object on its own. The body is parsed once."""
+    if lines:
+        return Invocation(records=split_records(data, max_lines))
+    if b"\n" not in data.strip():
+        return Invocation(parse_json(data))
+    check_depth(data)
     try:
-        check_depth(data)
-        _, end = _DECODER.raw_decode(text)
-    except InputError:
-        return False
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        if _has_record(data):
+            return Invocation(records=split_records(data, max_lines))
+        text = _text(data)  # raises, saying where
+    start = _WHITESPACE.match(text).end()
+    try:
+        value, end = _STRICT.raw_decode(text, start)
     except ValueError:
-        return any(_is_record(line) for line in text.split("\n")[1:])
-    rest = text[end:]
-    gap = rest[:len(rest) - len(rest.lstrip())]
-    return bool(rest.strip()) and "\n" in gap
+        if _has_record(data):
+            return Invocation(records=split_records(data, max_lines))
+        return Invocation(_loads(text))  # raises, in the parser's words
+    gap = _WHITESPACE.match(text, end).end()
+    if gap == len(text):
+        return Invocation(value)
+    if "\n" in text[end:gap]:
+        return Invocation(records=split_records(data, max_lines))
+    return Invocation(_loads(text))  # raises "Extra data", in the parser's words
 
 
-def _is_record(line: str) -> bool:
-    """A whole request object on one line (``decision``, ``decisions`` or ``questions``)."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return False
-    try:
-        check_depth(line.encode("utf-8"))
-        value = json.loads(line)
-    except (ValueError, InputError):
-        return False
-    return isinstance(value, dict) and bool(value.keys() & {"decision", "decisions", "questions"})
+def _has_record(data: bytes) -> bool:
+    """Whether a line after the first is a whole request object on its own (``decision``, ``decisions`` or
+    ``questions``): what makes a body whose first line is malformed a body of records."""
+    for line in data.split(b"\n")[1:]:
+        line = line.strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            value = parse_json(line)
+        except InputError:
+            continue
+        if isinstance(value, dict) and value.keys() & {"decision", "decisions", "questions"}:
+            return True
+    return False
 
 
 def split_records(data: bytes, max_lines: int) -> list[tuple[int, bytes]]:

@@ -5,18 +5,19 @@
 and BatchStrategy=MultiRecord), and dispatches each on its keys (``protocols.dispatch``): ``decision``/
 ``decisions`` to the decision schema, ``questions`` to System One, answered and refused in System One's shape.
 Errors on these routes are ``{"error": "<message naming the field>"}``, plus ``"retryable": true`` on
-transient ones. A body of records is Batch Transform's mini-batch, answered by ``batch``.
+transient ones. A body of records is answered record by record by ``batch``; its budget, like every request's,
+is the deployment's (``calls.request_budget``), whatever the body.
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Response, request
 
 from ..errors import ApiError
 from ..protocols import decision_schema, openapi
 from ..protocols.dispatch import SYSTEM_ONE, protocol_of
 from . import batch, bodies, gate
-from .calls import call, request_deadline
+from .calls import call, request_budget
 from .errors import respond
 from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_body
 from .logs import add_log_fields
@@ -70,16 +71,16 @@ def invocations() -> Response:
     if kind not in JSON_TYPES | JSONLINES_TYPES:
         raise ApiError(415, "Content-Type must be application/json or application/jsonlines "
                             f"(got {request.content_type or 'none'})")
-    body = read_body()
-    if kind in JSONLINES_TYPES or bodies.holds_lines(body):
-        records = bodies.split_records(body, current().settings.max_lines)
-        results = batch.answer_lines(records, g.arrived + current().settings.batch_budget_s)
+    budget = request_budget()
+    parsed = bodies.parse_invocation(read_body(), lines=kind in JSONLINES_TYPES, max_lines=current().settings.max_lines)
+    if parsed.records is not None:
+        results = batch.answer_lines(parsed.records, budget)
         return Response("\n".join(bodies.dumps(r) for r in results) + "\n", 200, mimetype="application/jsonlines")
-    obj = bodies.parse_json(body)
+    obj = parsed.value
     protocol = protocol_of(obj)
     headers = request_id_header() if protocol is SYSTEM_ONE else {}
     try:
-        answer = protocol.answer(obj, call(request_deadline()))
+        answer = protocol.answer(obj, call(budget))
     except Exception as exc:  # noqa: BLE001 - rendered in the body's own protocol, classified in one place
         return respond(protocol.render, exc, headers)
     add_log_fields(answer.log)

@@ -13,7 +13,7 @@ from flask import Blueprint, Response, g, request
 from ..errors import ApiError
 from ..protocols import systemone
 from . import bodies, gate
-from .calls import call, request_deadline
+from .calls import call, request_budget
 from .errors import respond
 from .http import JSON_TYPES, json_response, media_type, read_body
 from .logs import add_log_fields
@@ -40,7 +40,8 @@ def systemone_route() -> Response:
     kind = media_type()
     if kind and kind not in JSON_TYPES:
         raise ApiError(415, f"Content-Type must be application/json (got {request.content_type})")
-    answer = systemone.answer_request(bodies.parse_json(read_body()), call(request_deadline()))
+    budget = request_budget()
+    answer = systemone.answer_request(bodies.parse_json(read_body()), call(budget))
     add_log_fields(answer.log)
     return json_response(answer.payload, 200, {**answer.headers, **request_id_header()})
 
