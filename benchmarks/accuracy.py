@@ -31,6 +31,7 @@ The decision model runs in this process (no HTTP): this is about what the model 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import Outcome, accuracy, brier, ece
-from .tasks import DEFAULT_TASKS, TIERS, Task, add_selection_options, first_per_tier, load, selected
+from .tasks import BIAS_TASKS, DEFAULT_TASKS, TIERS, Task, add_selection_options, first_per_tier, load, selected
 
 ORDER_SEED = 20261201
 
@@ -151,47 +152,47 @@ def pair_name(mode: str, k: int) -> str:
     return f"{mode} K={k}"
 
 
-def debias_section(model, tasks: list[Task], orders: list[int], modes: list[str], folds: int = 5) -> dict[str, Any]:
-    """Every task in each debias mode at each K, choice and score tasks also shuffled: accuracy, noul answered
-    true, flips, ECE and Brier before and after a group-disjoint temperature (see the module's docstring). The
-    cache is emptied once; tasks are scored task by task, every pair in a row."""
-    from decision_adapter.decisions.calibration import Row, out_of_fold
+def debias_section(model, tasks: list[Task], orders: list[int], modes: list[str], strengths: list[float],
+                   floors: list[float], raw: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the raw readouts, every configuration's block): each task's answer and every measured prior scored once
+    per K (``priors.measure``, unless ``raw`` holds them already), then each (mode, strength, floor, K) composed
+    from them arithmetically (``priors.sweep``). Choice and score tasks are also scored shuffled, for the flip
+    rate. Seconds here mean nothing (the cache is shared): section 3 times them."""
+    from . import priors
 
-    rng = random.Random(ORDER_SEED)
-    moved = {t.id: shuffled(t, rng) for t in tasks if t.kind in ("choice", "score")}
-    pairs = [(mode, k) for mode in modes for k in orders]
-    given: dict[tuple[str, int], list[Scored]] = {pair: [] for pair in pairs}
-    other: dict[tuple[str, int], list[Scored]] = {pair: [] for pair in pairs}
-    model.engine.cache.clear()
-    started = time.perf_counter()
-    for n, task in enumerate(tasks, start=1):
-        for mode, k in pairs:
-            if (scored := score_one(model, task, k, mode)) is not None:
-                given[mode, k].append(scored)
-            if task.id in moved and (scored := score_one(model, moved[task.id], k, mode)) is not None:
-                other[mode, k].append(scored)
-        if n % 20 == 0:
-            print(f"debias: {n}/{len(tasks)} tasks, {time.perf_counter() - started:.0f} s", flush=True)
-    out = {}
-    for mode, k in pairs:
-        mine, shuffled_ = given[mode, k], other[mode, k]
-        by_id = {s.task.id: s for s in mine}
-        flips = [answer_key(s.task, s.distribution) != answer_key(by_id[s.task.id].task, by_id[s.task.id].distribution)
-                 for s in shuffled_ if s.task.id in by_id]
-        rows = [Row(s.task.kind, s.logits, s.task.labels.index(s.task.expected), s.task.group or s.task.id)
-                for s in mine]
-        after = [s.outcome(tuple(p)) for s, p in zip(mine, out_of_fold(rows, folds))]
-        block = summary(tasks, mine)
-        del block["seconds_p50"]  # the cache shared between pairs makes seconds meaningless here: see cost
-        block.update({"mode": mode, "k": k, "flip_tasks": len(flips),
-                      "flip_rate": statistics.fmean(flips) if flips else None,
-                      "accuracy_shuffled": accuracy([s.outcome() for s in shuffled_]) if shuffled_ else None,
-                      "calibrated_out_of_fold": {"ece_10": ece(after), "brier": brier(after), "folds": folds}})
-        out[pair_name(mode, k)] = block
-        print(f"{pair_name(mode, k)}: accuracy {block['overall']['accuracy']:.3f}, noul true "
-              f"{block['noul_true_rate'] if block['noul_true_rate'] is not None else float('nan'):.2f}, flips "
-              f"{block['flip_rate'] if block['flip_rate'] is not None else float('nan'):.3f}", flush=True)
-    return out
+    if raw is None:
+        raw = priors.measure(model, tasks, orders, modes)
+    elif raw["task_ids"] != [t.id for t in tasks] or raw["prompt_version"] != model.prompt_version:
+        raise SystemExit("--raw holds readouts of other tasks or another prompt version")
+    results = priors.sweep(raw, tasks, priors.grid(modes, strengths, floors, orders))
+    for name, b in results.items():
+        if b["mode"] == "off" or (b["strength"] == 1.0 and b["floor"] == 0.0):
+            print(f"{name}: accuracy {b['overall']['accuracy']:.3f}, noul true "
+                  f"{b['noul_true_rate'] if b['noul_true_rate'] is not None else float('nan'):.2f}", flush=True)
+    return raw, results
+
+
+def table_rows(results: dict[str, Any], chosen: str | None, orders: list[int]) -> list[str]:
+    """The configurations the markdown shows: off at each K; each mode at full strength without a floor at K = 1
+    (the served modes at every K); each served mode at the chosen strength and floor at every K; each mode's best at
+    K = 1; and the chosen one."""
+    from decision_adapter.decisions.debias import MODES
+
+    from . import priors
+
+    picked = results.get(chosen or "", {})
+    names = []
+    for n, b in results.items():
+        full = b["strength"] == 1.0 and b["floor"] == 0.0
+        as_chosen = (b["mode"] in MODES and picked.get("mode") not in (None, "off")
+                     and (b["strength"], b["floor"]) == (picked["strength"], picked["floor"]))
+        if b["mode"] == "off" or (full and (b["k"] == 1 or b["mode"] in MODES)) or as_chosen:
+            names.append(n)
+    if 1 in orders:
+        names += [n for n in priors.best_per_mode(results, 1).values() if n not in names]
+    if chosen and chosen not in names:
+        names.append(chosen)
+    return sorted(names, key=lambda n: (results[n]["k"], list(results).index(n)))
 
 
 def cost_section(model, tasks: list[Task], orders: list[int], modes: list[str]) -> dict[str, Any]:
@@ -269,33 +270,6 @@ def token_section(model, tasks: list[Task], orders: list[int], modes: list[str])
     return out
 
 
-# The rule the defaults are chosen by: the most tasks right among the pairs that cost at most COST_LIMIT times the
-# tokens of off at K = 1 per decision on a new state with the prior cached (the routing and policy case: each
-# request brings a new state, the questions repeat), per-task median over every task of the section; among those
-# within one task of the best, the cheapest (with the prior cached, then cold). 1.5x keeps a default decision as
-# cheap as one prompt where the questions repeat, so that it stays faster than generating the answer; a request that
-# wants more accuracy asks for more orderings (docs/benchmarks.md gives every pair's accuracy and tokens).
-COST_LIMIT = 1.5
-COST_CONDITION = "prior_warm"
-
-
-def choose(debias: dict[str, Any], tokens: dict[str, Any]) -> dict[str, Any] | None:
-    """The defaults by the rule above (``COST_LIMIT``)."""
-    key = f"ratio_p50_{COST_CONDITION}"
-    allowed = [name for name, row in tokens.items() if name in debias and row[key] <= COST_LIMIT]
-    if not allowed:
-        return None
-    right = {name: round(debias[name]["overall"]["accuracy"] * debias[name]["overall"]["n"]) for name in allowed}
-    best = max(right.values())
-    near = [name for name in allowed if right[name] >= best - 1]
-    chosen = min(near, key=lambda name: (tokens[name][key], tokens[name]["ratio_p50_cold"], name))
-    return {"pair": chosen, "mode": debias[chosen]["mode"], "k": debias[chosen]["k"],
-            "rule": f"the most tasks right within {COST_LIMIT}x the tokens of off at K = 1 per decision on a new "
-                    f"state with the prior cached (per-task median over every task); the cheapest of those within "
-                    f"one task of the best, with the prior cached, then cold",
-            "right": right}
-
-
 def calibration_section(scored: list[Scored], out: Path, folds: int = 5) -> dict[str, Any]:
     from decision_adapter.decisions.calibration import Row, fit, out_of_fold
 
@@ -335,7 +309,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append("| score extremes right | | " + " | ".join(
         f"{100 * styles[s]['score_extremes_right']:.0f}%" if styles[s]["score_extremes_right"] is not None else "-"
         for s in names) + " |")
-    lines.append("| median s per decision | | " + " | ".join(f"{styles[s]['seconds_p50']:.2f}" for s in names) + " |")
+    lines.append("| median s per decision | | " + " | ".join(
+        f"{styles[s]['seconds_p50']:.2f}" if styles[s]["seconds_p50"] is not None else "- (not timed)"
+        for s in names) + " |")
     if result.get("debias"):
         lines += debias_markdown(result, names[0])
     if result.get("tokens"):
@@ -358,33 +334,55 @@ def pct(x: float | None, digits: int = 1) -> str:
 
 
 def debias_markdown(result: dict[str, Any], style: str) -> list[str]:
+    from . import priors
+
     grid = result["debias"]
-    names = list(grid)
+    names = result.get("debias_table") or list(grid)
     first = grid[names[0]]
     lines = ["", f"Debias and order averaging (style `{style}`, tiers {', '.join(result['order_tiers'])}: "
-             f"{first['overall']['n']} tasks; choice and score tasks also shuffled for the flip rate; ECE and Brier "
-             f"of the probabilities as served, then after a temperature per type fitted on the other "
-             f"{first['calibrated_out_of_fold']['folds']} group-disjoint folds):", "",
-             "| debias | K | accuracy | " + " | ".join(f"{t} ({b['n']})" for t, b in first["tiers"].items())
+             f"{first['overall']['n']} tasks; {len(grid)} configurations evaluated, these shown: off, each mode at "
+             f"full strength without a floor, each mode's best, the chosen; choice and score tasks also shuffled "
+             f"for the flip rate; ECE and Brier as served, then after a temperature per type fitted on the other "
+             f"group-disjoint folds; the last columns fit a strength and a temperature per type out of fold, as "
+             f"`python -m decision_adapter.calibrate` does):", "",
+             "| debias | alpha | floor | K | accuracy | " + " | ".join(f"{t} ({b['n']})" for t, b in first["tiers"].items())
              + " | " + " | ".join(f"{t} ({b['n']})" for t, b in first["types"].items())
-             + " | noul true / expected | flip rate | ECE | Brier | ECE, T out of fold | Brier, T out of fold |",
-             "|---|---:|---:|" + "---:|" * (len(first["tiers"]) + len(first["types"])) + "---:|---:|---:|---:|---:|---:|"]
+             + " | noul true / expected | flip rate | ECE | ECE, T out of fold | accuracy, alpha and T out of fold |",
+             "|---|---:|---:|---:|---:|" + "---:|" * (len(first["tiers"]) + len(first["types"]))
+             + "---:|---:|---:|---:|---:|"]
     for name in names:
         b = grid[name]
         noul = (f"{pct(b['noul_true_rate'], 0)} / {pct(b['noul_true_expected'], 0)}"
                 if b["noul_true_rate"] is not None else "-")
-        lines.append(f"| {b['mode']} | {b['k']} | **{pct(b['overall']['accuracy'])}** | "
+        oof = b.get("calibrated_out_of_fold")
+        fitted = b.get("strength_fitted_out_of_fold")
+        off = b["mode"] == "off"
+        alpha, floor = ("-", "-") if off else (f"{b['strength']:g}", f"{b['floor']:g}")
+        lines.append(f"| {b['mode']} | {alpha} | {floor} | {b['k']} | **{pct(b['overall']['accuracy'])}** | "
                      + " | ".join(pct(x["accuracy"]) for x in b["tiers"].values()) + " | "
                      + " | ".join(pct(x["accuracy"]) for x in b["types"].values())
-                     + f" | {noul} | {pct(b['flip_rate'])} | {b['overall']['ece_10']:.3f} | {b['overall']['brier']:.3f}"
-                     f" | {b['calibrated_out_of_fold']['ece_10']:.3f} | {b['calibrated_out_of_fold']['brier']:.3f} |")
-    lines += ["", "Tasks right per family (n tasks):", "",
-              "| family | n | " + " | ".join(f"{grid[n]['mode']} K={grid[n]['k']}" for n in names) + " |",
+                     + f" | {noul} | {pct(b['flip_rate'])} | {b['overall']['ece_10']:.3f}"
+                     + (f" | {oof['ece_10']:.3f}" if oof else " | -")
+                     + (f" | {pct(fitted['accuracy'])} |" if fitted else " | - |"))
+    lines += ["", "Tasks right per family (n tasks; a minus sign: more than one task lost against off at the same K, or "
+              "any in the question-borne family):", "",
+              "| family | n | " + " | ".join(_short(grid[n]) for n in names) + " |",
               "|---|---:|" + "---:|" * len(names)]
-    for family, block in first["families"].items():
-        lines.append(f"| {family} | {block['n']} | " + " | ".join(
-            str(round(grid[n]["families"][family]["accuracy"] * block["n"])) for n in names) + " |")
+    for family, fam in first["families"].items():
+        cells = []
+        for n in names:
+            b, base = grid[n], grid[f"off K={grid[n]['k']}"]
+            got, had = priors.right(b, family), priors.right(base, family)
+            bad = got < had - 1 or (family == priors.QUESTION_BORNE and got < had)
+            cells.append(f"{got}{' (-)' if bad else ''}")
+        lines.append(f"| {family} | {fam['n']} | " + " | ".join(cells) + " |")
+    lines.append("| overall | " + str(first["overall"]["n"]) + " | "
+                 + " | ".join(str(priors.right(grid[n])) for n in names) + " |")
     return lines
+
+
+def _short(b: dict[str, Any]) -> str:
+    return f"off K={b['k']}" if b["mode"] == "off" else f"{b['mode']} {b['strength']:g}/{b['floor']:g} K={b['k']}"
 
 
 def cost_markdown(result: dict[str, Any]) -> list[str]:
@@ -420,17 +418,47 @@ def tokens_markdown(result: dict[str, Any]) -> list[str]:
                      f"({row['ratio_p50_prior_warm']:.2f}x) | {row['tokens_p50_cold']:.0f} ({row['ratio_p50_cold']:.2f}x) |")
     chosen = result.get("chosen")
     if chosen:
-        lines += ["", f"Chosen by the rule ({chosen['rule']}): **debias {chosen['mode']}, K = {chosen['k']}**."]
+        what = (f"debias {chosen['mode']}, K = {chosen['k']}" if chosen["mode"] == "off" else
+                f"debias {chosen['mode']}, strength {chosen['strength']:g}, floor {chosen['floor']:g}, K = {chosen['k']}")
+        lines += ["", f"Chosen by the rule ({chosen['rule']}; {chosen['passing']} of {chosen['allowed']} "
+                      f"configurations within the cost limit qualify): **{what}**."]
+        lines += goals_markdown(result)
+    return lines
+
+
+def goals_markdown(result: dict[str, Any]) -> list[str]:
+    """The chosen default against off at K = 1, goal by goal, and the rule out of fold."""
+    from . import priors
+
+    grid, chosen = result["debias"], result["chosen"]["pair"]
+    b, base = grid[chosen], grid["off K=1"]
+    lost = priors.losses(b, base)
+    n = b["overall"]["n"]
+    points = 100 * (priors.right(b) - priors.right(base)) / n
+    lines = ["", f"At the chosen default against off at K = 1: families that lose tasks "
+                 f"{', '.join(f'{f} {k}' for f, k in lost.items()) or 'none'}; "
+                 f"question-borne {priors.right(b, priors.QUESTION_BORNE) if priors.QUESTION_BORNE in b['families'] else '-'}"
+                 f" against {priors.right(base, priors.QUESTION_BORNE) if priors.QUESTION_BORNE in base['families'] else '-'}; "
+                 f"overall {priors.right(b)} against {priors.right(base)} of {n} ({points:+.1f} points); noul answered "
+                 f"true {pct(b['noul_true_rate'], 0)} against {pct(b['noul_true_expected'], 0)} true."]
+    oof = result.get("rule_out_of_fold")
+    if oof:
+        picks = ", ".join(f"{f['chosen']} ({f['right']} against {f['off']} of {f['tasks']})" for f in oof["folds"])
+        lines.append(f"The rule out of fold ({len(oof['folds'])} group-disjoint folds: chosen on the others, scored "
+                     f"on the fold): {oof['chosen']} right against off's {oof['off']} of {oof['tasks']} "
+                     f"({100 * (oof['chosen'] - oof['off']) / oof['tasks']:+.1f} points); per fold {picks}.")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    from decision_adapter.decisions.debias import MODES
+    from decision_adapter.decisions.debias import PRIORS
     from decision_adapter.decisions.prompt import DEFAULT_STYLE, STYLES
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS])
+    parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS, BIAS_TASKS],
+                        help="JevBench folders or .jsonl files (default: the public JevBench tasks and "
+                             "benchmarks/bias-tasks)")
     parser.add_argument("--model-dir", help="GGUF folder (default: the embedded SmolLM2 model)")
     add_selection_options(parser)
     parser.add_argument("--order-tiers", nargs="+", choices=TIERS, default=list(TIERS),
@@ -438,8 +466,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--styles", nargs="+", choices=list(STYLES), default=[DEFAULT_STYLE],
                         help="prompt styles to compare; the first is used for the other sections")
     parser.add_argument("--orders", type=int, nargs="*", default=[1, 2, 4], help="K values of order averaging")
-    parser.add_argument("--debias", nargs="*", choices=list(MODES), default=list(MODES),
-                        help="debias modes to compare (none: skip the debias and order section)")
+    parser.add_argument("--debias", nargs="*", choices=list(PRIORS), default=list(PRIORS),
+                        help="debias modes to compare, the served ones and the explored priors (none: skip the "
+                             "debias and order section)")
+    parser.add_argument("--strengths", type=float, nargs="+", default=[0.25, 0.5, 0.75, 1.0],
+                        help="strengths (alpha) of the prior to compare, each in (0, 1]")
+    parser.add_argument("--floors", type=float, nargs="+", default=[0.0, 0.25, 0.5],
+                        help="floors (the uniform's share mixed into the prior) to compare, each in [0, 1)")
+    parser.add_argument("--raw", type=Path, help="the raw.json.gz of an earlier run on the same tasks, model and "
+                                                 "prompt: the debias section is evaluated from it, nothing scored")
     parser.add_argument("--cost-per-tier", type=int, default=0, metavar="N",
                         help="time each debias mode and K on the first N tasks of each tier (0: skip)")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false")
@@ -447,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = parser.parse_args(argv)
 
+    from decision_adapter.decisions.debias import MODES as MODES_SERVED
     from decision_adapter.decisions.model_files import embedded_model_dir
+
+    from . import priors
     from decision_adapter.settings import Settings
     from decision_adapter.startup import load_decision_model
 
@@ -459,24 +497,50 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"model": Path(model_dir).name, "tasks": len(tasks), "threads": args.threads,
                               "order_tiers": args.order_tiers, "cost_per_tier": args.cost_per_tier, "styles": {}}
     first_scored = None
+    section = [t for t in tasks if t.tier in args.order_tiers]
     for i, style in enumerate(args.styles):
         model = load_decision_model(replace(base, prompt_style=style), calibrated=False)
         try:
-            scored = score_tasks(model, tasks)
+            swept = i == 0 and bool(args.orders and args.debias)
+            if swept:
+                raw = json.loads(gzip.decompress(args.raw.read_bytes())) if args.raw else None
+                raw, results = debias_section(model, section, args.orders, args.debias, args.strengths,
+                                              args.floors, raw)
+                (args.out / "raw.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
+                result["tokens"] = token_section(model, section, args.orders, args.debias)
+                result["chosen"] = priors.choose(results, result["tokens"])
+                names = table_rows(results, result["chosen"]["pair"], args.orders)
+                for name in names:  # the rows shown also get the out-of-fold calibrations
+                    b = results[name]
+                    config = priors.Config(b["mode"], b["strength"], b["floor"], b["k"])
+                    results[name] = priors.block(section, priors.evaluate(raw, section, config), calibrate=True)
+                for name in names:  # what a label prior keeps by being divided out where the state is empty
+                    b = results[name]
+                    if b["mode"] in ("label", "label-mask"):
+                        config = priors.Config(b["mode"], b["strength"], b["floor"], b["k"])
+                        ev = priors.evaluate(raw, section, config, skip_label_on_content_free=True)
+                        b["families_if_off_on_content_free_states"] = {
+                            f: round(x["accuracy"] * x["n"]) for f, x in summary(section, ev.given)["families"].items()}
+                result["debias"], result["debias_table"] = results, names
+                result["rule_out_of_fold"] = priors.rule_out_of_fold(
+                    raw, section, priors.grid(args.debias, args.strengths, args.floors, args.orders), result["tokens"])
+                if any(t.family == "favourite" for t in section) and "label" in args.debias:
+                    result["favourite_check"] = priors.favourite_check(raw, section)
+            if swept and section == tasks and 1 in args.orders and "off" in args.debias:
+                # off at K = 1 is this style's own pass: taken from the readouts above, not scored again
+                scored = priors.evaluate(raw, tasks, priors.Config("off", 0.0, 0.0, 1)).given
+                timed = False
+            else:
+                scored, timed = score_tasks(model, tasks), True
             result["styles"][style] = {"version": model.prompt_version, **summary(tasks, scored)}
+            if not timed:
+                result["styles"][style]["seconds_p50"] = None
             print(f"style {style}: accuracy {result['styles'][style]['overall']['accuracy']:.3f}", flush=True)
             if i == 0:
                 first_scored = scored
-                if args.orders and args.debias:
-                    result["debias"] = debias_section(model, [t for t in tasks if t.tier in args.order_tiers],
-                                                      args.orders, args.debias)
-                if args.orders and args.debias:
-                    section = [t for t in tasks if t.tier in args.order_tiers]
-                    result["tokens"] = token_section(model, section, args.orders, args.debias)
-                    result["chosen"] = choose(result["debias"], result["tokens"])
                 if args.orders and args.debias and args.cost_per_tier:
                     result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
-                                                  args.debias)
+                                                  [m for m in args.debias if m in MODES_SERVED])
         finally:
             model.close()
     if args.calibration and first_scored:

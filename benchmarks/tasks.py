@@ -2,7 +2,8 @@
 
 A row holds `id`, `state`, `question` ({type, instructions, criteria}), the ordered `labels`, the
 `expected` label and, for the public JevBench files, `family` and `split`. The tier is the file's stem
-(easy, original, hard) unless the row names one.
+(easy, original, hard) unless the row names one. ``BIAS_TASKS`` are this project's own tasks (tier ``bias``,
+benchmarks/bias-tasks/SOURCE.md): the cases a prior divided out of the answer can get wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_TASKS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "jevbench"
-TIERS = ("easy", "original", "hard")
+BIAS_TASKS = Path(__file__).resolve().parent / "bias-tasks" / "bias.jsonl"
+JEVBENCH_TIERS = ("easy", "original", "hard")  # the files of a JevBench folder
+TIERS = (*JEVBENCH_TIERS, "bias")
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ def load(paths: list[Path]) -> list[Task]:
     """Rows from JSON-lines files, or every tier of a folder holding easy/original/hard.jsonl."""
     files: list[Path] = []
     for path in paths:
-        files += [path / f"{tier}.jsonl" for tier in TIERS] if path.is_dir() else [path]
+        files += [path / f"{tier}.jsonl" for tier in JEVBENCH_TIERS] if path.is_dir() else [path]
     tasks = []
     for file in files:
         for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):

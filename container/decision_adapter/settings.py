@@ -23,7 +23,7 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from .decisions.debias import DEFAULT_MODE, MODES
+from .decisions.debias import DEFAULT_FLOOR, DEFAULT_MODE, DEFAULT_STRENGTH, MODES
 from .decisions.prompt import DEFAULT_STYLE, STYLES
 
 MIB = 1024 * 1024
@@ -130,8 +130,16 @@ class Settings:
                                 "accurate, for about 2.2x the tokens; docs/benchmarks.md).", ge=1, le=16)
     debias: DebiasModeName = setting(
         "ADAPTER_DEBIAS", DEFAULT_MODE, "Content-free calibration of each decision unless the request says (debias, "
-        "x_debias): off, or the model's prior for the question and options, scored with the state replaced by "
-        "content-free input, divided out of the answer (decisions/debias.py). A calibration is bound to one mode.")
+        "x_debias): off; a state prior (empty, content-free: the question and options scored with the state "
+        "replaced by content-free input) or a label prior (label: the state and the question replaced, the options "
+        "kept), divided out of the answer (decisions/debias.py). A calibration is bound to one mode.")
+    debias_strength: float = setting(
+        "ADAPTER_DEBIAS_STRENGTH", DEFAULT_STRENGTH, "The strength (alpha) the prior is raised to before it is "
+        "divided out: 0 leaves the answer as the model gives it, 1 divides the whole prior out. A calibration.json "
+        "fitted for the mode brings its own strength per question type.", ge=0.0, le=1.0)
+    debias_floor: float = setting(
+        "ADAPTER_DEBIAS_FLOOR", DEFAULT_FLOOR, "The uniform's share mixed into the prior before it is divided out "
+        "(0 to 1): a floor keeps a confident prior from flipping a confident answer on its own.", ge=0.0, le=1.0)
     state_cache_mb: int = setting("ADAPTER_STATE_CACHE_MB", 1024,
                                   "Host memory for states and answers kept across requests (least recently used "
                                   "first out); 0 turns the cache off.", ge=0, le=1_048_576)

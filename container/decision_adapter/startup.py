@@ -88,6 +88,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                               served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
                               default_permutations=settings.permutations, default_debias=settings.debias,
+                              default_strength=settings.debias_strength, default_floor=settings.debias_floor,
                               owns_engine=owns_engine)
         model.probe()
     except BaseException:
@@ -96,6 +97,11 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         if owns_engine:
             engine.close()  # a failed start-up keeps nothing loaded
         raise
+    if calibration is not None and calibration.debias != settings.debias:  # a file from before strengths: loaded
+        log.warning("calibration.json was fitted with debias %r before strengths were fitted; ADAPTER_DEBIAS is %r: "
+                    "answers in that mode are not calibrated (their readout says why); fit it again with "
+                    "python -m decision_adapter.calibrate --debias %s", calibration.debias, settings.debias,
+                    settings.debias)
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
                                               "manifest": identity.manifest,
                                               "calibration": dict(calibration.temperatures) if calibration else None,

@@ -210,18 +210,21 @@ def test_accuracy_tool_compares_styles_debias_orders_and_calibration_on_the_real
 
     repo = Path(__file__).resolve().parents[2]
     tasks = Path(__file__).with_name("tasks-sample.jsonl")
-    done = subprocess.run([sys.executable, "-m", "benchmarks.accuracy", "--tasks", str(tasks), "--styles", "plain",
-                           "exact-examples-digits", "--orders", "1", "2", "--debias", "off", "empty",
-                           "--cost-per-tier", "1", "--threads", "2", "--out", str(tmp_path)],
-                          cwd=repo, capture_output=True, text=True, timeout=900)
+    command = [sys.executable, "-m", "benchmarks.accuracy", "--tasks", str(tasks), "--styles", "plain",
+               "exact-examples-digits", "--orders", "1", "2", "--debias", "off", "empty", "label", "--strengths",
+               "0.5", "1", "--floors", "0", "0.25", "--cost-per-tier", "1", "--threads", "2"]
+    done = subprocess.run([*command, "--out", str(tmp_path)], cwd=repo, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "accuracy.json").read_text())
     assert list(result["styles"]) == ["plain", "exact-examples-digits"]
     assert result["styles"]["plain"]["version"] != result["styles"]["exact-examples-digits"]["version"]
     assert all(style["overall"]["n"] == 6 for style in result["styles"].values())
     grid = result["debias"]
-    assert list(grid) == ["off K=1", "off K=2", "empty K=1", "empty K=2"]
-    assert grid["off K=2"]["flip_rate"] == 0.0 == grid["empty K=2"]["flip_rate"], "averaged orderings ignore the order"
+    assert [n for n in grid if n.startswith("off")] == ["off K=1", "off K=2"]
+    assert {n for n in grid if n.startswith("empty")} == {f"empty a={a} f={f} K={k}" for a in ("0.5", "1")
+                                                          for f in ("0", "0.25") for k in (1, 2)}
+    assert len(grid) == 2 + 2 * 8
+    assert grid["off K=1"]["flip_rate"] is not None and grid["off K=2"]["flip_rate"] is None, "shuffled at K = 1"
     assert grid["off K=1"]["overall"]["accuracy"] == result["styles"]["plain"]["overall"]["accuracy"], \
         "off at K = 1 is the plain style's own pass"
     assert all(0 <= b["noul_true_rate"] <= 1 for b in grid.values())
@@ -231,8 +234,15 @@ def test_accuracy_tool_compares_styles_debias_orders_and_calibration_on_the_real
         "a cached prior costs nothing"
     assert tokens["empty K=1"]["tokens_p50_cold"] > tokens["off K=1"]["tokens_p50_cold"]
     assert tokens["off K=2"]["tokens_p50_prior_warm"] > tokens["off K=1"]["tokens_p50_prior_warm"]
-    assert result["chosen"]["pair"] in grid and set(result["cost"]) == set(grid)
+    assert result["chosen"]["pair"] in grid and set(result["cost"]) == set(tokens)
+    assert sum(f["tasks"] for f in result["rule_out_of_fold"]["folds"]) == 6
     assert result["calibration"]["before"]["ece_10"] >= 0
     assert (tmp_path / "reliability-after-calibration.png").read_bytes()[:4] == b"\x89PNG"
     assert "Chosen by the rule" in (tmp_path / "accuracy.md").read_text()
     assert "| overall | 6 |" in (tmp_path / "accuracy.md").read_text()
+    # The debias section re-analysed from the raw readouts (none scored again): the same figures.
+    again = tmp_path / "again"
+    done = subprocess.run([*command[:-4], "--raw", str(tmp_path / "raw.json.gz"), "--out", str(again)], cwd=repo,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((again / "accuracy.json").read_text())["debias"] == grid

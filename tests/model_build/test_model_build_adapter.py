@@ -25,6 +25,7 @@ from packaging_testkit import Origin, url_pin
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "support-route.json"
 # The example decision has no question type, so the adapter applies the `choice` temperature.
 CHOICE_TEMPERATURE = 2.5
+CHOICE_STRENGTH = 0.6
 
 
 def _started(model_dir: Path):
@@ -51,11 +52,12 @@ def served_prompt_version() -> str:
 
 def _fitted_calibration(gguf_sha256: str) -> str:
     """calibration.json as `python -m decision_adapter.calibrate` writes it, for this adapter's prompt and its
-    default orderings and debias mode."""
+    default orderings, debias mode and floor, with a strength per type."""
     defaults = Settings()
     return Calibration(gguf_sha256=gguf_sha256, prompt_version=served_prompt_version(),
                        temperatures={"choice": CHOICE_TEMPERATURE, "noul": 0.7}, permutations=defaults.permutations,
-                       debias=defaults.debias, fitted={"rows": 40, "folds": 5}).to_json()
+                       debias=defaults.debias, strengths={"choice": CHOICE_STRENGTH, "noul": 0.4},
+                       floor=defaults.debias_floor, fitted={"rows": 40, "folds": 5}).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,9 @@ def test_adapter_serves_an_archive_with_a_matching_calibration_calibrated(calibr
                                          "gguf_sha256": embedded_gguf.sha256, "prompt_version": served_prompt_version()}
         logits = result["option_logits"]
         if "debias" in result:  # the server's default: the prior divided out before the temperature
-            logits = [x - math.log(p) for x, p in zip(logits, result["debias"]["prior"])]
+            strength, floor, prior = (result["debias"][key] for key in ("strength", "floor", "prior"))
+            assert strength == CHOICE_STRENGTH, "the file's strength for the type"
+            logits = [x - strength * math.log((1 - floor) * p + floor / len(prior)) for x, p in zip(logits, prior)]
         assert result["probabilities"] == pytest.approx(_softmax([x / CHOICE_TEMPERATURE for x in logits]))
         # Guards the check above: at this temperature the calibrated and raw probabilities differ.
         assert result["probabilities"] != pytest.approx(_softmax(logits))

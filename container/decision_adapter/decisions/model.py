@@ -17,10 +17,10 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..engine.errors import PlanError, TooLarge
 from ..engine.plan import JobSpec, Plan
-from ..engine.readout import LabelTrie, PromptScore, ScoreStats, log_sum_exp, softmax
+from ..engine.readout import LabelTrie, PromptScore, ScoreStats
 from ..errors import InputError, Loc
 from .calibration import Calibration
-from .debias import MODES, DebiasMode, aligned_mean
+from .debias import DEFAULT_FLOOR, DEFAULT_STRENGTH, MODES, OFF, PRIORS, DebiasMode, Row, compose, content_free
 from .labels import MAX_OPTIONS, PAIRED, SINGLE
 from .literals import literal_pattern
 from .model_files import ModelIdentity
@@ -113,19 +113,25 @@ class Question:
     option_keys: tuple[str, ...] = ()  # what orders the options canonically: ids or names (default: the texts)
     permutations: int | None = None  # orderings averaged: 1 is the request's order; None: the server's default
     kind: str | None = None  # noul, choice or score (System One); the calibration is per kind
-    debias: str | None = None  # a name in debias.MODES; None: the server's default (ADAPTER_DEBIAS)
+    debias: str | None = None  # a name in debias.PRIORS (requests: MODES); None: the server's default (ADAPTER_DEBIAS)
     show_prior: bool = False  # the answer reports the prior's own distribution
 
 
 @dataclass(frozen=True)
 class PriorJob:
-    """The prompts of one content-free state for every question of a request whose debias mode averages it: each
-    is the request's prompt (question, options, ordering, labels) with the state replaced; and their job."""
+    """The prompts of one content-free state (and, for a label prior, one replacement of the question) for every
+    question of a request whose debias mode averages it: each is the request's prompt (options, ordering, labels,
+    and for a state prior the question) with the state replaced; and their job."""
 
     state: str
     prompts: tuple[int, ...]  # for each of its prompts, the index of the request's prompt it stands for
     spec: JobSpec
     plan: Plan
+    question: str | None = None  # the question's replacement (a label prior); None: the question kept
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.state, self.question
 
 
 @dataclass(frozen=True)
@@ -143,7 +149,11 @@ class Prepared:
     digests: tuple[str, ...]  # for each question, the SHA-256 of its rendered prompts (NUL between orderings)
     spec: JobSpec
     plan: Plan
-    priors: tuple[PriorJob, ...] = ()  # the content-free priors' jobs, one per content-free state
+    priors: tuple[PriorJob, ...] = ()  # the content-free priors' jobs, one per content-free prompt kind
+    # The questions with a state prior whose state carries no content (an empty state, N/A, ...:
+    # ``debias.content_free``): the prior's prompt would be (nearly) their own, and their content sits in the
+    # question. No prior is scored for them, and they are answered as with debias off.
+    no_prior: frozenset[int] = frozenset()
     loc: Loc = ()  # where errors about the request as a whole point (the decision, or the decisions)
 
 
@@ -157,10 +167,10 @@ class Scored:
     label_mass: float  # full-vocabulary probability the labels' first tokens hold at the answer position
     top_token_is_label: bool
     calibration: dict[str, Any] | None = None  # the calibration applied to the probabilities, if any
-    # What the softmax (and the temperature) apply to: option_logits, minus the prior's log-probabilities when
-    # debiased. What a calibration is fitted on.
+    # What the softmax (and the temperature) apply to: option_logits, minus the prior's log-probabilities (floored,
+    # raised to the strength) when debiased.
     adjusted_logits: tuple[float, ...] = ()
-    debias: dict[str, Any] | None = None  # the debiasing applied ({"mode", "states"}), if any
+    debias: dict[str, Any] | None = None  # the debiasing applied ({"mode", "states", "strength", "floor"}), if any
     prior: tuple[float, ...] | None = None  # the prior's own distribution over the options, when debiased
 
 
@@ -168,6 +178,19 @@ class Scored:
 class Limits:
     max_prompt_tokens: int
     max_request_tokens: int
+
+
+@dataclass(frozen=True)
+class Readouts:
+    """What the engine read for a prepared request: a score per prompt of its answer's job and of each prior job
+    (in ``Prepared.priors`` order), with each job's stats."""
+
+    scores: list[PromptScore]
+    stats: ScoreStats
+    prior_scores: tuple[list[PromptScore], ...]
+    prior_stats: tuple[ScoreStats, ...]
+    queue_s: float
+    jobs: int  # jobs queued in the scheduler (0: answered from the cache)
 
 
 @dataclass(frozen=True)
@@ -204,7 +227,8 @@ class DecisionModel:
     def __init__(self, engine: ScoringEngine, scheduler: JobScheduler, identity: ModelIdentity, limits: Limits,
                  runtime: dict[str, Any], *, served_id: str = "", layout: PromptLayout | None = None,
                  calibration: Calibration | None = None, default_permutations: int = 1,
-                 default_debias: str = "off", owns_engine: bool = True):
+                 default_debias: str = "off", default_strength: float = DEFAULT_STRENGTH,
+                 default_floor: float = DEFAULT_FLOOR, owns_engine: bool = True):
         self.engine = engine
         self.owns_engine = owns_engine  # False: the engine was handed in (tests, benchmarks) and outlives the model
         self.scheduler = scheduler
@@ -214,15 +238,17 @@ class DecisionModel:
         self.calibration = calibration  # a calibration.json fitted for this GGUF, prompt and orderings, if any
         self.default_permutations = default_permutations  # ADAPTER_PERMUTATIONS
         self.default_debias = MODES[default_debias]  # ADAPTER_DEBIAS
+        self.default_strength = default_strength  # ADAPTER_DEBIAS_STRENGTH: alpha where no calibration fits one
+        self.default_floor = default_floor  # ADAPTER_DEBIAS_FLOOR
         self.layout = layout or prompt_layout(engine, STYLES[DEFAULT_STYLE])
         self.prompt_version = self.layout.version
         # Every prompt is head + state + question + tail; the head and the tail are the template's own text, so
         # their special tokens are parsed; the state and the question are the request's, tokenized as text.
         self._head_tokens = tuple(engine.tokenize(self.layout.head, special=True, bos=True))
         self._tail_tokens = tuple(engine.tokenize(self.layout.tail, special=True))
-        # The content-free states the priors put in place of the state (debias.MODES): fixed text, tokenized once.
+        # The content-free states the priors put in place of the state (debias.PRIORS): fixed text, tokenized once.
         self._content_free_tokens = {text: tuple(engine.tokenize(state_segment(text)))
-                                     for mode in MODES.values() for text in mode.states}
+                                     for mode in PRIORS.values() for text in mode.states}
         # What request validation refuses in text the model reads: the texts of the model's special tokens.
         self.control_tokens = literal_pattern(engine.control_texts)  # linear in the text whatever their number
         self.prompt_ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
@@ -334,37 +360,60 @@ class DecisionModel:
         span = (len(head), len(head) + len(state))
         spec = self.engine.job_spec(tokens, tries, span)
         plan = self._plan(where, spec)
+        priors, no_prior, request_tokens = self._priors(questions, tokens, tries, orders, owners, span, where,
+                                                         request_tokens)
+        return Prepared(tuple(questions), tuple(tokens), request_tokens, span, tuple(tries), tuple(orders),
+                        tuple(owners), tuple(digests), spec, plan, tuple(priors), frozenset(no_prior), where)
+
+    def _priors(self, questions: Sequence[Question], tokens: list[tuple[int, ...]], tries: list[LabelTrie],
+                orders: list[tuple[int, ...]], owners: list[int], span: tuple[int, int], where: Loc,
+                request_tokens: int) -> tuple[list[PriorJob], set[int], int]:
+        """The prior jobs: each content-free prompt kind once, with the prompts (options, ordering, tail, and for a
+        state prior the question) of every question whose mode averages it; the questions with a state prior, if
+        the state carries no content (none is scored for them: ``Prepared.no_prior``); and ``request_tokens`` with
+        the priors' tokens added, counted as if none were cached, so that what is refused never depends on the
+        cache."""
+        head, tail, ceiling = self._head_tokens, self._tail_tokens, self.prompt_ceiling
+        members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
+        no_prior: set[int] = set()
+        for i, q in enumerate(questions):
+            mode = self.debias_mode(q)
+            if not mode.active:
+                continue
+            if mode.question is None and content_free(q.state):
+                no_prior.add(i)
+                continue
+            mine = [k for k, owner in enumerate(owners) if owner == i]
+            if mode.question is None:  # a state prior: the question's own tokens after the state
+                own = {k: tokens[k][span[1]:] for k in mine}
+            else:  # a label prior: the question replaced, the options in each ordering kept
+                own = {k: tuple(self.engine.tokenize(self.layout.question_segment(
+                    mode.question, self.labels(len(orders[k]), q.kind), [q.options[j] for j in orders[k]]))) + tail
+                    for k in mine}
+            prompts = {(text, k): head + self._content_free_tokens[text] + own[k] for text in mode.states
+                       for k in mine}
+            for text in mode.states:
+                members.setdefault((text, mode.question), []).extend((k, prompts[text, k]) for k in mine)
         priors = []
-        # The priors: each content-free state once, with the own tokens (question, options, ordering, tail) of every
-        # prompt whose question's mode averages it. Counted in the request's budget as if none were cached, so that
-        # what is refused never depends on the cache.
-        states: dict[str, list[int]] = {}
-        for k, owner in enumerate(owners):
-            for text in self.debias_mode(questions[owner]).states:
-                states.setdefault(text, []).append(k)
-        for text, members in states.items():
+        for (text, question_text), rows in members.items():
             free = self._content_free_tokens[text]
             request_tokens += len(free)
-            prior_tokens = []
-            for k in members:
-                own = tokens[k][span[1]:]
-                if len(head) + len(free) + len(own) > ceiling:
-                    raise InputError(questions[owners[k]].loc, f"renders to a prior prompt of "
-                                     f"{len(head) + len(free) + len(own)} tokens, over the limit of {ceiling}",
-                                     kind="value_error.prompt_too_long")
-                request_tokens += len(own) + sum(len(path) for path in tries[k].inner_nodes)
+            for k, prompt in rows:
+                if len(prompt) > ceiling:
+                    raise InputError(questions[owners[k]].loc, f"renders to a prior prompt of {len(prompt)} tokens, "
+                                     f"over the limit of {ceiling}", kind="value_error.prompt_too_long")
+                request_tokens += len(prompt) - len(head) - len(free) + sum(len(path) for path in tries[k].inner_nodes)
                 if request_tokens > self.limits.max_request_tokens:
                     raise self._over_request(where, request_tokens)
-                prior_tokens.append(head + free + own)
-            prior_spec = self.engine.job_spec(prior_tokens, [tries[k] for k in members],
+            prior_spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows],
                                               (len(head), len(head) + len(free)))
-            priors.append(PriorJob(text, tuple(members), prior_spec, self._plan(where, prior_spec)))
-        return Prepared(tuple(questions), tuple(tokens), request_tokens, span, tuple(tries), tuple(orders),
-                        tuple(owners), tuple(digests), spec, plan, tuple(priors), where)
+            priors.append(PriorJob(text, tuple(k for k, _ in rows), prior_spec, self._plan(where, prior_spec),
+                                   question_text))
+        return priors, no_prior, request_tokens
 
     def debias_mode(self, question: Question) -> DebiasMode:
         """The question's debias mode: its own, or the server's default."""
-        return MODES[question.debias] if question.debias is not None else self.default_debias
+        return PRIORS[question.debias] if question.debias is not None else self.default_debias
 
     def _plan(self, where: Loc, spec: JobSpec) -> Plan:
         try:
@@ -394,14 +443,21 @@ class DecisionModel:
 
     def score(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True,
               allowed_s: float | None = None) -> Answered:
-        """Score through the scheduler before ``deadline`` (``time.monotonic()``; None: none). A request whose
-        every answer is cached is answered at once, without queueing. Raises the scheduler's Busy (the queue is
-        full, or the work cannot be done before the deadline), DeadlineExceeded or ScoringFailed, and an
-        InputError when its own work needs more than ``allowed_s`` (what any request may take on this server) at
-        the measured speed. ``by_tokens=False``: no admission by the token budget (a Batch Transform mini-batch).
-        A request's jobs are its answer's and, for debiased questions, one per content-free state of the prior;
-        each job the cache answers whole (a warm prior, an identical repeat) costs nothing, the others are queued
-        together and admitted as one."""
+        """Score through the scheduler before ``deadline`` (``time.monotonic()``; None: none) and compose each
+        question's answer (``readouts``, then ``debias.compose``). Raises what ``readouts`` raises."""
+        read = self.readouts(prepared, deadline, by_tokens=by_tokens, allowed_s=allowed_s)
+        return Answered(self._results(prepared, read), read.stats, read.queue_s, read.prior_stats, read.jobs)
+
+    def readouts(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True,
+                 allowed_s: float | None = None) -> Readouts:
+        """What the engine reads for the request's jobs, through the scheduler. A request whose every answer is
+        cached is answered at once, without queueing. Raises the scheduler's Busy (the queue is full, or the work
+        cannot be done before the deadline), DeadlineExceeded or ScoringFailed, and an InputError when its own work
+        needs more than ``allowed_s`` (what any request may take on this server) at the measured speed.
+        ``by_tokens=False``: no admission by the token budget (a Batch Transform mini-batch). A request's jobs are
+        its answer's and, for debiased questions, one per content-free prompt kind of the prior; each job the cache
+        answers whole (a warm prior, an identical repeat) costs nothing, the others are queued together and
+        admitted as one."""
         jobs = [(prepared.spec, prepared.plan), *((p.spec, p.plan) for p in prepared.priors)]
         done = [self.engine.answer_from_cache(spec) for spec, _ in jobs]
         missing = [i for i, d in enumerate(done) if d is None]
@@ -421,70 +477,91 @@ class DecisionModel:
                 raise
             queue_s = tickets[0].queue_s
         (scores, stats), *priors = done
-        return Answered(self._results(prepared, scores, [p[0] for p in priors]), stats, queue_s,
-                        tuple(p[1] for p in priors), len(missing))
+        return Readouts(scores, stats, tuple(p[0] for p in priors), tuple(p[1] for p in priors), queue_s,
+                        len(missing))
 
-    def _results(self, prepared: Prepared, scores: Sequence[PromptScore],
-                 prior_scores: Sequence[Sequence[PromptScore]] = ()) -> list[Scored]:
-        """One result per question, in the request's option order: a question scored in several orderings has
-        each ordering's label log-probabilities aligned back to its options and averaged; a debiased question then
-        has its prior's log-probabilities (the same, over its content-free states) subtracted; then the
-        temperature, if calibrated, and the softmax (the order and why: ``debias``)."""
-        by_state = {p.state: (p, found) for p, found in zip(prepared.priors, prior_scores)}
+    @staticmethod
+    def question_rows(prepared: Prepared, read: Readouts, i: int,
+                      mode: DebiasMode) -> tuple[list[Row], dict[str, list[Row]], bool]:
+        """Question ``i``'s readouts as ``debias.compose`` takes them: its answer's rows (one per ordering), its
+        prior's rows per content-free state of ``mode`` (none for a question whose prior would be its own prompt),
+        and whether its labels are single tokens (first-token logits) or chains (label log-probabilities)."""
+        mine = [k for k, owner in enumerate(prepared.owners) if owner == i]
+        single = all(prepared.tries[k].depth == 1 for k in mine)
+
+        def values(score: PromptScore) -> Sequence[float]:
+            return score.first_token_logits if single else score.label_logprobs
+
+        answer = [(values(read.scores[k]), prepared.orders[k]) for k in mine]
+        prior: dict[str, list[Row]] = {}
+        if mode.active and i not in prepared.no_prior:
+            jobs = {p.key: (p, found) for p, found in zip(prepared.priors, read.prior_scores)}
+            for text in mode.states:
+                job, found = jobs[text, mode.question]
+                prior[text] = [(values(found[j]), prepared.orders[k]) for j, k in enumerate(job.prompts)
+                               if prepared.owners[k] == i]
+        return answer, prior, single
+
+    def _results(self, prepared: Prepared, read: Readouts) -> list[Scored]:
+        """One result per question, in the request's option order (``debias.compose``): the orderings averaged,
+        the prior (floored, raised to its strength) divided out, then the temperature, if calibrated, and the
+        softmax. The strength and the temperature come from the calibration when it was fitted for this question's
+        orderings and mode; otherwise the server's defaults apply, without a temperature."""
         results = []
-        for i in range(len(prepared.questions)):
+        for i, question in enumerate(prepared.questions):
             mine = [k for k, owner in enumerate(prepared.owners) if owner == i]
             n = len(prepared.orders[mine[0]])
-            single = all(prepared.tries[k].depth == 1 for k in mine)
-            aligned = [[0.0] * n for _ in mine]
-            for row, k in zip(aligned, mine):
-                values = scores[k].first_token_logits if single else scores[k].label_logprobs
-                for position, option in enumerate(prepared.orders[k]):
-                    row[option] = values[position] - (log_sum_exp(values) if len(mine) > 1 else 0.0)
-            logits = tuple(math.fsum(row[o] for row in aligned) / len(mine) for o in range(n))
-            question = prepared.questions[i]
             kind = question.kind
+            mode = self.debias_mode(question)
+            answer, prior, single = self.question_rows(prepared, read, i, mode)
             readout = (READOUT_SINGLE if single else READOUT_CHAIN) + (
                 f"; averaged in log space over {len(mine)} orderings of the options" if len(mine) > 1 else "")
-            mode = self.debias_mode(question)
-            adjusted, prior = logits, None
-            if mode.active:
-                rows = []
-                for text in mode.states:
-                    job, found = by_state[text]
-                    for j, k in enumerate(job.prompts):
-                        if prepared.owners[k] == i:
-                            rows.append((found[j].first_token_logits if single else found[j].label_logprobs,
-                                         prepared.orders[k]))
-                prior_logprobs = aligned_mean(rows, n)
-                adjusted = tuple(a - b for a, b in zip(logits, prior_logprobs))
-                prior = tuple(softmax(prior_logprobs))
-                readout += (f"; debiased ({mode.name}): the prior, scored the same way with the state replaced by "
-                            f"{len(mode.states)} content-free state{'s' if len(mode.states) > 1 else ''} and "
-                            f"averaged in log space, subtracted")
-            # A temperature fitted on answers averaged over K orderings, or debiased otherwise, means nothing here.
+            applied = mode if prior else MODES[OFF]
+            if mode.active and not prior:
+                readout += (f"; not debiased ({mode.name}): the state carries no content (a content-free state), so "
+                            f"a state prior would be this prompt itself; no prior is divided out and it is answered "
+                            f"as with debias off")
+            # A temperature (and a strength) fitted on answers averaged over K orderings, or debiased otherwise,
+            # means nothing here.
             calibration = self.calibration
             asked = question.permutations or self.default_permutations
             if calibration is not None and calibration.permutations != asked:
                 readout += (f"; not calibrated: calibration.json was fitted with {calibration.permutations} "
                             f"orderings, this question asked for {asked}")
                 calibration = None
-            elif calibration is not None and calibration.debias != mode.name:
-                readout += (f"; not calibrated: calibration.json was fitted with debias {calibration.debias!r}, "
-                            f"this question asked for {mode.name!r}")
+            elif calibration is not None and calibration.debias != applied.name:
+                readout += (f"; not calibrated: calibration.json was fitted with debias {calibration.debias!r}"
+                            f"{' (a file from before strengths were fitted)' if calibration.strengths is None else ''}"
+                            f", this question is answered with {applied.name!r}")
                 calibration = None
+            if calibration is not None:
+                strength, floor = calibration.strength(kind, self.default_strength), calibration.floor
+            else:
+                strength, floor = self.default_strength, self.default_floor
+            composed = compose(answer, n, [row for text in applied.states for row in prior.get(text, ())],
+                               strength=strength, floor=floor,
+                               temperature=calibration.temperature(kind) if calibration else 1.0)
+            debias = None
+            if prior:
+                what = "the state" if mode.question is None else "the state and the question"
+                readout += (f"; debiased ({mode.name}): a {mode.kind} prior, scored the same way with "
+                            f"{what} replaced by content-free text ({len(mode.states)} state"
+                            f"{'s' if len(mode.states) > 1 else ''}, averaged in log space)"
+                            + (f", mixed with the uniform ({floor:g} of it)" if floor else "")
+                            + f", raised to the strength {strength:g} and subtracted")
+                debias = {**mode.describe(), "strength": strength, "floor": floor}
             results.append(Scored(
-                probabilities=tuple(calibration.probabilities(adjusted, kind) if calibration else softmax(adjusted)),
-                option_logits=logits,
+                probabilities=composed.probabilities,
+                option_logits=composed.logits,
                 prompt_sha256=prepared.digests[i],
                 input_tokens=sum(len(prepared.tokens[k]) for k in mine),
                 readout=readout,
-                label_mass=math.fsum(scores[k].label_mass for k in mine) / len(mine),
-                top_token_is_label=all(scores[k].top_token_is_label for k in mine),
+                label_mass=math.fsum(read.scores[k].label_mass for k in mine) / len(mine),
+                top_token_is_label=all(read.scores[k].top_token_is_label for k in mine),
                 calibration=calibration.describe(kind) if calibration else None,
-                adjusted_logits=adjusted,
-                debias=mode.describe() if mode.active else None,
-                prior=prior))
+                adjusted_logits=composed.adjusted,
+                debias=debias,
+                prior=composed.prior))
         return results
 
     def probe(self) -> Scored:

@@ -283,6 +283,11 @@ class Debias(Response):
 
     mode: str
     states: list[str]
+    question: str | None = Field(None, description="What replaced the question in the prior's prompt (a label "
+                                                   "prior); absent: the question was kept (a state prior).")
+    strength: float = Field(description="The power (alpha, 0 to 1) the prior was raised to before it was divided "
+                                        "out: calibration.json's for the question's type, else ADAPTER_DEBIAS_STRENGTH.")
+    floor: float = Field(description="The uniform's share mixed into the prior before it was divided out.")
     prior: list[float] | None = Field(None, description="The prior's own distribution over the options, in option "
                                                         "order (with show_prior).")
 

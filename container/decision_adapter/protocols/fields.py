@@ -226,8 +226,9 @@ Structured = Annotated[Any, BeforeValidator(_structured_type), AfterValidator(ch
 
 # A debias mode by name (decisions/debias.py): the request's ``debias`` / System One's ``x_debias``.
 DebiasName = Literal[tuple(MODES)]  # type: ignore[valid-type]
-DEBIAS_DESCRIPTION = ("Content-free calibration (default ADAPTER_DEBIAS): 'off', or a mode that scores the question "
-                      "and options with the state replaced by content-free input (the model's prior for them, "
-                      "cached per question, options, orderings and prompt) and divides it out of the answer, after "
-                      "order averaging and before any temperature. " + "; ".join(
+DEBIAS_DESCRIPTION = ("Content-free calibration (default ADAPTER_DEBIAS): 'off', or a mode that scores the prompt "
+                      "with its content replaced by content-free input (the model's prior, cached per prompt) and "
+                      "divides it out of the answer at a strength, after order averaging and before any "
+                      "temperature; a question whose state is that content-free input is answered as with 'off'. "
+                      + "; ".join(
                           f"'{m.name}': {m.description}" for m in MODES.values()) + ".")

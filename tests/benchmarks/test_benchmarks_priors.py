@@ -1,0 +1,121 @@
+"""benchmarks.priors: raw readouts scored once, configurations composed from them, and the rule that picks the
+default. The fast path (arithmetic on stored readouts) is checked against the slow one (the adapter serving that
+configuration), with ``==``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from benchmarks import priors
+from benchmarks.tasks import BIAS_TASKS, load
+
+SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    bias = load([BIAS_TASKS])
+    # An empty-state question-borne task (its state prior is its own prompt), a generic-state one, a skewed noul.
+    picked = [t for t in bias if t.id in ("bias-qb-01", "bias-qb-14", "bias-skew-yes-01", "bias-fav-team-1")]
+    return load([SAMPLE])[:3] + picked
+
+
+@pytest.fixture(scope="module")
+def settings():
+    from decision_adapter.decisions.model_files import embedded_model_dir
+    from decision_adapter.settings import Settings
+
+    return Settings(model_dir=str(embedded_model_dir()), threads=2, permutations=1, debias="off")
+
+
+@pytest.fixture(scope="module")
+def raw(settings, tasks):
+    from decision_adapter.startup import load_decision_model
+
+    model = load_decision_model(settings, calibrated=False)
+    try:
+        return priors.measure(model, tasks, [1, 2], ["off", "empty", "label"])
+    finally:
+        model.close()
+
+
+def served(settings, tasks, config: priors.Config) -> dict[str, tuple[float, ...]]:
+    """Each task's probabilities in label order as a server started with this configuration answers them."""
+    from benchmarks.accuracy import prepared_task
+    from decision_adapter.startup import load_decision_model
+
+    model = load_decision_model(replace(settings, debias=config.mode, permutations=config.k,
+                                        debias_strength=config.strength or 1.0, debias_floor=config.floor),
+                                calibrated=False)
+    try:
+        out = {}
+        for task in tasks:
+            item, _ = prepared_task(model, task, config.k, config.mode)
+            prepared = model.prepare([replace(item.question, permutations=None, debias=None)])
+            [result] = model.score(prepared).results
+            out[task.id] = priors.in_label_order(task, item.names, result.probabilities)
+        return out
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("config", [priors.Config("off", 0.0, 0.0, 1), priors.Config("label", 0.5, 0.25, 1),
+                                    priors.Config("empty", 1.0, 0.0, 2), priors.Config("label", 0.75, 0.0, 2)],
+                         ids=lambda c: c.name)
+def test_a_configuration_composed_from_raw_readouts_is_what_the_adapter_serves(settings, tasks, raw, config):
+    stored = json.loads(gzip.decompress(gzip.compress(json.dumps(raw).encode())))  # as --raw reads it back
+    evaluated = {s.task.id: s.distribution for s in priors.evaluate(stored, tasks, config).given}
+    assert set(evaluated) == {t.id for t in tasks}
+    assert evaluated == served(settings, tasks, config), "bit for bit"
+
+
+def test_an_empty_state_has_no_state_prior_recorded_and_composes_as_off(tasks, raw):
+    rec = raw["tasks"]["bias-qb-01"]["given"]["1"]
+    assert rec["priors"]["empty"] is None, "its state prior would be its own prompt"
+    assert rec["priors"]["label"] == [priors.prompt_key("", "N/A")], "a label prior never holds the question"
+    answers = {mode: [s.distribution for s in priors.evaluate(raw, tasks, priors.Config(mode, 1.0, 0.0, 1)).given
+                      if s.task.id == "bias-qb-01"] for mode in ("off", "empty")}
+    assert answers["off"] == answers["empty"]
+
+
+def block(right_by_family: dict[str, int], n: int = 10, mode: str = "label", k: int = 1) -> dict:
+    families = {f: {"n": n, "accuracy": r / n} for f, r in right_by_family.items()}
+    total = sum(right_by_family.values())
+    return {"mode": mode, "strength": 1.0, "floor": 0.0, "k": k, "families": families,
+            "overall": {"n": n * len(families), "accuracy": total / (n * len(families))},
+            "noul_true_rate": 0.5, "noul_true_expected": 0.5}
+
+
+TOKENS = {"off K=1": {"ratio_p50_prior_warm": 1.0, "ratio_p50_cold": 1.0},
+          "label K=1": {"ratio_p50_prior_warm": 1.0, "ratio_p50_cold": 1.6},
+          "empty K=1": {"ratio_p50_prior_warm": 1.0, "ratio_p50_cold": 1.8},
+          "label K=4": {"ratio_p50_prior_warm": 2.2, "ratio_p50_cold": 3.5}}
+QB = priors.QUESTION_BORNE
+
+
+@pytest.mark.parametrize("candidate, qualifies", [
+    ({"a/x": 7, "a/y": 5, QB: 5}, True),   # +3 overall, one family loses one task
+    ({"a/x": 9, "a/y": 4, QB: 5}, False),  # a family loses two tasks
+    ({"a/x": 9, "a/y": 6, QB: 4}, False),  # the question-borne family loses one
+    ({"a/x": 5, "a/y": 6, QB: 5}, False),  # nothing better overall
+])
+def test_the_rule_takes_a_mode_only_when_it_is_never_worse_than_off(candidate, qualifies):
+    results = {"off K=1": block({"a/x": 5, "a/y": 6, QB: 5}, mode="off"), "label a=1 f=0 K=1": block(candidate)}
+    chosen = priors.choose(results, TOKENS)
+    assert chosen["pair"] == ("label a=1 f=0 K=1" if qualifies else "off K=1")
+
+
+def test_the_rule_keeps_to_the_cost_limit_and_to_served_modes_and_prefers_the_cheaper_within_one_task():
+    base = {"a/x": 5, "a/y": 6, QB: 5}
+    results = {"off K=1": block(base, mode="off"),
+                "label a=1 f=0 K=4": block({"a/x": 10, "a/y": 10, QB: 10}, k=4),  # over the cost limit
+                "na a=1 f=0 K=1": block({"a/x": 10, "a/y": 10, QB: 10}, mode="na"),  # explored, never served
+                "empty a=1 f=0 K=1": block({"a/x": 8, "a/y": 6, QB: 5}, mode="empty"),
+                "label a=1 f=0 K=1": block({"a/x": 7, "a/y": 6, QB: 5})}
+    tokens = {**TOKENS, "na K=1": TOKENS["label K=1"]}
+    assert priors.choose(results, tokens)["pair"] == "label a=1 f=0 K=1", "one task behind empty, cheaper cold"
