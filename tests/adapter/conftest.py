@@ -19,6 +19,8 @@ from decision_adapter.decisions.model_files import find_gguf
 from decision_adapter.settings import Settings
 from decision_adapter.startup import engine_options
 
+from adapter_apps import close_app
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "support-route.json"
 
 
@@ -38,10 +40,6 @@ def settings(model_dir: Path) -> Settings:
 def engine(settings: Settings):
     with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as real:
         yield real
-
-
-def close_app(application) -> None:
-    application.extensions["decision_adapter"].close()
 
 
 @pytest.fixture(autouse=True)

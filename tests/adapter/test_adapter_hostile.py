@@ -183,7 +183,7 @@ def test_content_type_charset(client, example, content_type, status):
 
 @pytest.fixture(scope="module")
 def keyed_client(settings, engine):
-    from conftest import close_app
+    from adapter_apps import close_app
 
     app = create_app(settings.replace(api_key="s3cret"), engine)
     yield app.test_client()

@@ -104,7 +104,7 @@ def independent(settings):
 @pytest.fixture(scope="module")
 def patient_app(settings, engine):
     """255 options are about 4,000 tokens: a minute on 2 busy cores, past the 55 s a real-time request gets."""
-    from conftest import close_app
+    from adapter_apps import close_app
     from decision_adapter.server.app import create_app
 
     app = create_app(settings.replace(request_timeout_s=900), engine)

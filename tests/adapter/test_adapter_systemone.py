@@ -254,7 +254,7 @@ def test_transport_errors_carry_the_error_shape(client, headers, data, status, e
 
 @pytest.fixture(scope="module")
 def keyed_client(settings, engine):
-    from conftest import close_app
+    from adapter_apps import close_app
 
     app = create_app(dataclasses.replace(settings, api_key="s3cret"), engine)
     yield app.test_client()
