@@ -83,7 +83,7 @@ def prompt_tokens(engine, count: int) -> list[int]:
     """The first ``count`` tokens of a support-ticket-like text: the same ids for every build."""
     from .prefill import state_text
 
-    tokens = engine.tokenize(state_text(count * 2))
+    tokens = engine.vocabulary.tokenize(state_text(count * 2))
     if len(tokens) < count:
         raise RuntimeError(f"the text has only {len(tokens)} tokens")
     return tokens[:count]
@@ -103,11 +103,11 @@ def worker(args: argparse.Namespace) -> int:
     with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as engine:
         for count in args.tokens:
             tokens = prompt_tokens(engine, count)
-            engine.prefill(tokens)  # warm-up: first-use allocations
+            engine.runner.prefill(tokens)  # warm-up: first-use allocations
             seconds, cpu_seconds = [], []
             for _ in range(args.repeats):
                 before = resource.getrusage(resource.RUSAGE_SELF)
-                seconds.append(engine.prefill(tokens)[0])
+                seconds.append(engine.runner.prefill(tokens)[0])
                 after = resource.getrusage(resource.RUSAGE_SELF)
                 cpu_seconds.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             rows.append({"tokens": count, "seconds": seconds, "cpu_seconds": cpu_seconds})

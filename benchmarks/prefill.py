@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             model = load_decision_model(replace(base, batch_tokens=size, **ATTENTION[attention]))
             try:
                 for wanted in args.tokens:
-                    tokens = model.engine.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"), ("x", "y")))
-                    times = [model.engine.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
+                    tokens = model.engine.vocabulary.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"), ("x", "y")))
+                    times = [model.engine.runner.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
                     rows.append({"attention": attention, "batch_tokens": size, "tokens": times[0][1],
                                  "median_s": statistics.median(t for t, _ in times)})
                     print(f"{attention:5s} micro-batch {size:4d}: {times[0][1]:5d} tokens in "

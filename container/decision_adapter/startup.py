@@ -10,20 +10,30 @@ never imports: flask, werkzeug, gunicorn, llama_cpp
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .decisions.calibration import CalibrationError
 from .decisions.calibration import load as load_calibration
-from .decisions.model import DecisionModel, Limits, ModelIncompatible, ScoringEngine, prompt_layout
+from .decisions.combine import Scored
+from .decisions.labels import SINGLE
+from .decisions.model import DecisionModel, Limits, ModelIncompatible, Question, ScoringEngine, prompt_layout
 from .decisions.model_files import ModelFilesError, find_gguf, verify
-from .decisions.prompt import STYLES
+from .decisions.prompt import STYLES, state_segment
 from .engine.scheduler import Scheduler
+from .errors import InputError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
+
+PROBE_STATE = "Customer asks to reset a forgotten password and says the reset email never arrived."
+PROBE_QUESTION = "Which queue should handle this request?"
+PROBE_OPTIONS = ("Account access and authentication support.", "Billing and payment support.",
+                 "Sales and product evaluation.")
 
 
 class Readiness:
@@ -83,14 +93,14 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                    "threads": settings.threads, "gpu_layers": settings.gpu_layers,
                    "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
                    "layout": settings.layout}
-        scheduler = Scheduler(engine, queue_tokens=settings.queue_tokens)
+        scheduler = Scheduler(engine.runner, queue_tokens=settings.queue_tokens)
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                               served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
                               default_permutations=settings.permutations, default_debias=settings.debias,
                               default_strength=settings.debias_strength, default_floor=settings.debias_floor,
                               owns_engine=owns_engine)
-        model.probe()
+        probe(model)
     except BaseException:
         if scheduler is not None:
             scheduler.stop()
@@ -107,6 +117,33 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                                               "calibration": dict(calibration.temperatures) if calibration else None,
                                               "load_s": round(time.perf_counter() - started, 3)}})
     return model
+
+
+def probe(model: DecisionModel) -> Scored:
+    """Score a fixed decision through the one scoring path; start-up is not complete until it gives a proper
+    distribution. A second one over a state of about a micro-batch gives the scheduler its first measure of the
+    decode speed at the size that matters for admission (the first decision alone is mostly fixed costs); and the
+    request text per evaluated token is measured for Batch Transform's sizing (``model.text_bytes_per_token``)."""
+    question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
+                        tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
+                        ("probe", "question"), debias="off")  # the answer's own cost, without a prior's
+    [result] = model.score(model.prepare([question])).results
+    room = min(512, model.prompt_ceiling // 2, model.limits.max_request_tokens // 2)
+    long_state = " ".join(f"({i}) {PROBE_STATE}" for i in range(1, max(2, room // 25)))
+    try:
+        model.score(model.prepare([replace(question, state=long_state)]))
+    except InputError:
+        pass  # limits too tight for it: the speed is measured on requests instead
+    # The probe's state and question text over what the plan decodes for them under the server's default debias
+    # mode, the first prior's tokens counted (a record of a question not seen before pays it; a JSON record adds
+    # ids and keys: more bytes per token).
+    text = state_segment(PROBE_STATE) + model.layout.question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
+    charged = model.prepare([replace(question, debias=None)]).request_tokens
+    model.text_bytes_per_token = len(text.encode("utf-8")) / charged
+    p = result.probabilities
+    if len(p) != 3 or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in p) or abs(sum(p) - 1.0) > 1e-6:
+        raise ModelIncompatible(f"the probe decision gave no proper distribution: {p}")
+    return result
 
 
 def load_into(readiness: Readiness, settings: Settings, engine: Any = None) -> None:

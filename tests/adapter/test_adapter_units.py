@@ -176,7 +176,7 @@ def test_the_fake_engine_is_what_the_decision_model_and_the_scheduler_need(fake_
     from decision_adapter.decisions.model import JobScheduler, ScoringEngine
     from decision_adapter.engine.scheduler import JobRunner
 
-    assert isinstance(fake_model.engine, ScoringEngine) and isinstance(fake_model.engine, JobRunner)
+    assert isinstance(fake_model.engine, ScoringEngine) and isinstance(fake_model.engine.runner, JobRunner)
     assert isinstance(fake_model.scheduler, JobScheduler)
 
 
@@ -226,8 +226,8 @@ def test_the_state_span_runs_from_the_head_to_the_question_heading_whatever_the_
     alone = fake_model.prepare([question(state="the state", text="Which team?")])
     together = fake_model.prepare([question(state="the state", text=t) for t in ("Which team?", "Which language?")])
     engine = fake_model.engine
-    head = len(engine.tokenize(fake_model.layout.head, special=True, bos=True))
-    end = head + len(engine.tokenize("the state" + "\n\nQuestion:\n"))
+    head = len(engine.vocabulary.tokenize(fake_model.layout.head, special=True, bos=True))
+    end = head + len(engine.vocabulary.tokenize("the state" + "\n\nQuestion:\n"))
     assert alone.state == together.state == (head, end) and head == engine.resident_tokens
     assert common_prefix(together.tokens) > end, "the questions share 'Which ' beyond the state"
     fake_model.score(together)

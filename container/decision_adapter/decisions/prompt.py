@@ -101,6 +101,10 @@ DEFAULT_INSTRUCTIONS = {
 NOUL_OPTIONS = ("Yes", "No")
 
 
+class ModelIncompatible(RuntimeError):
+    """The model cannot serve decisions (its template, its labels, its probe); raised at start-up."""
+
+
 class TemplateError(ValueError):
     """The GGUF's chat template cannot render the decision prompt."""
 

@@ -30,7 +30,7 @@ def preflight(settings: Settings) -> None:
     except ModelFilesError as exc:
         raise PreflightError(str(exc)) from None
     try:
-        from ..engine.core import check_gpu_layers
+        from ..engine.llama_model import check_gpu_layers
         from ..engine.errors import BackendUnavailable, GpuUnavailable
     except (ImportError, OSError, RuntimeError) as exc:
         raise PreflightError(f"llama-cpp-python cannot load its native library: {exc}") from None
