@@ -173,3 +173,9 @@ rehearse: $(VENV)/.cdk node_modules/.installed
 # Rewrites tests/cdk/snapshots/ from the current templates; review the diff before committing it.
 cdk-snapshots: $(VENV)/.cdk
 	UPDATE_CDK_SNAPSHOTS=1 $(PY) -m pytest -q tests/cdk/test_cdk_snapshots.py
+
+# docs/settings.md's table is generated from container/decision_adapter/settings.py; this rewrites the part between
+# its markers (tests/test_settings_doc.py fails while it is stale).
+.PHONY: settings-doc
+settings-doc: $(VENV)/.runtime
+	$(PY) -m decision_adapter.settings --write docs/settings.md
