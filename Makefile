@@ -140,7 +140,7 @@ $(VENV)/.model-build: model_build/requirements.txt tests/model_build/requirement
 test-model-build: $(VENV)/.model-build
 	$(PY) -m pytest -q tests/model_build
 
-# --- The CDK app (app.py, cdk.json, stacks/; README "Deploy"). The CLI is pinned in package.json. ---
+# --- The CDK app (app.py, cdk.json, stacks/; docs/deploy.md). The CLI is pinned in package.json. ---
 .PHONY: test-cdk cdk-snapshots diff rehearse
 
 node_modules/.installed: package.json package-lock.json
@@ -164,9 +164,9 @@ BASE ?= main
 diff: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
 
-# README's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a pin
-# change (its diff's calls checked against the review role), the acceptance command, prod's termination protection,
-# destroy --all (deploy/rehearse.py; make test runs it too). It ends with the acceptance report.
+# docs/deploy.md's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a
+# pin change (its diff's calls checked against the review role), the acceptance command, prod's termination
+# protection, destroy --all (deploy/rehearse.py; make test runs it too). It ends with the acceptance report.
 rehearse: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.rehearse
 
