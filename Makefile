@@ -140,7 +140,7 @@ $(VENV)/.model-build: model_build/requirements.txt tests/model_build/requirement
 test-model-build: $(VENV)/.model-build
 	$(PY) -m pytest -q tests/model_build
 
-# --- The CDK app (app.py, cdk.json, stacks/; README "Deploy"). The CLI is pinned in package.json. ---
+# --- The CDK app (app.py, cdk.json, stacks/; docs/deploy.md). The CLI is pinned in package.json. ---
 .PHONY: test-cdk cdk-snapshots diff rehearse
 
 node_modules/.installed: package.json package-lock.json
@@ -164,12 +164,18 @@ BASE ?= main
 diff: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.diff --base $(BASE) $(if $(ENV),--env $(ENV))
 
-# README's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a pin
-# change (its diff's calls checked against the review role), the acceptance command, prod's termination protection,
-# destroy --all (deploy/rehearse.py; make test runs it too). It ends with the acceptance report.
+# docs/deploy.md's deploy path through the real CDK CLI against moto's server on loopback: bootstrap, deploy --all, a
+# pin change (its diff's calls checked against the review role), the acceptance command, prod's termination
+# protection, destroy --all (deploy/rehearse.py; make test runs it too). It ends with the acceptance report.
 rehearse: $(VENV)/.cdk node_modules/.installed
 	$(PY) -m deploy.rehearse
 
 # Rewrites tests/cdk/snapshots/ from the current templates; review the diff before committing it.
 cdk-snapshots: $(VENV)/.cdk
 	UPDATE_CDK_SNAPSHOTS=1 $(PY) -m pytest -q tests/cdk/test_cdk_snapshots.py
+
+# docs/settings.md's table is generated from container/decision_adapter/settings.py; this rewrites the part between
+# its markers (tests/test_settings_doc.py fails while it is stale).
+.PHONY: settings-doc
+settings-doc: $(VENV)/.runtime
+	$(PY) -m decision_adapter.settings --write docs/settings.md

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from pathlib import Path
 
 from . import report
+from .provenance import Provenance
 from .run import Options, run
 from .tasks import DEFAULT_TASKS, TIERS, add_selection_options, load, selected
 
@@ -49,13 +49,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no task with id {', '.join(sorted(unknown))}")
         tasks = [t for t in tasks if t.id in args.task_ids]
     tasks = selected(tasks, args)
-    options = Options(tasks=tasks, endpoint=args.endpoint, generation=args.generation, model_dir=args.model_dir,
-                      threads=args.threads, gpu_layers=args.gpu_layers, shared_questions=args.shared_questions,
-                      repeated_state=args.repeated_state, out=args.out,
-                      region=args.region, api_key=os.environ.get("ADAPTER_API_KEY") or None,
-                      notes={"task_files": [str(p) for p in args.tasks], "tiers": list(TIERS)})
-    result = run(options)
-    command = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    with Provenance("benchmarks", argv) as provenance:
+        options = Options(tasks=tasks, endpoint=args.endpoint, generation=args.generation, model_dir=args.model_dir,
+                          threads=args.threads, gpu_layers=args.gpu_layers, shared_questions=args.shared_questions,
+                          repeated_state=args.repeated_state, out=args.out,
+                          region=args.region, api_key=os.environ.get("ADAPTER_API_KEY") or None,
+                          notes={"task_files": [str(p) for p in args.tasks], "tiers": list(TIERS)},
+                          provenance=provenance)
+        result = run(options)
+        result["provenance"] = provenance.record()
+    command = provenance.command
     for path in report.write(result, args.out, command):
         print(f"wrote {path}")
     print(report.markdown({**{k: v for k, v in result.items() if not k.startswith('_')}, "command": command}))

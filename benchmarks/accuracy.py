@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import Outcome, accuracy, brier, ece
+from .provenance import Provenance
 from .tasks import BIAS_TASKS, DEFAULT_TASKS, TIERS, Task, add_selection_options, first_per_tier, load, selected
 
 ORDER_SEED = 20261201
@@ -496,56 +497,63 @@ def main(argv: list[str] | None = None) -> int:
     base = replace(Settings.from_env(), model_dir=model_dir, threads=args.threads)
     result: dict[str, Any] = {"model": Path(model_dir).name, "tasks": len(tasks), "threads": args.threads,
                               "order_tiers": args.order_tiers, "cost_per_tier": args.cost_per_tier, "styles": {}}
-    first_scored = None
-    section = [t for t in tasks if t.tier in args.order_tiers]
-    for i, style in enumerate(args.styles):
-        model = load_decision_model(replace(base, prompt_style=style), calibrated=False)
-        try:
-            swept = i == 0 and bool(args.orders and args.debias)
-            if swept:
-                raw = json.loads(gzip.decompress(args.raw.read_bytes())) if args.raw else None
-                raw, results = debias_section(model, section, args.orders, args.debias, args.strengths,
-                                              args.floors, raw)
-                (args.out / "raw.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
-                result["tokens"] = token_section(model, section, args.orders, args.debias)
-                result["chosen"] = priors.choose(results, result["tokens"])
-                names = table_rows(results, result["chosen"]["pair"], args.orders)
-                for name in names:  # the rows shown also get the out-of-fold calibrations
-                    b = results[name]
-                    config = priors.Config(b["mode"], b["strength"], b["floor"], b["k"])
-                    results[name] = priors.block(section, priors.evaluate(raw, section, config), calibrate=True)
-                for name in names:  # what a label prior keeps by being divided out where the state is empty
-                    b = results[name]
-                    if b["mode"] in ("label", "label-mask"):
+    with Provenance("benchmarks.accuracy", argv) as provenance:
+        first_scored = None
+        section = [t for t in tasks if t.tier in args.order_tiers]
+        for i, style in enumerate(args.styles):
+            settings = replace(base, prompt_style=style)
+            model = load_decision_model(settings, calibrated=False)
+            provenance.ran_with(settings)
+            provenance.kernels_of(model.model_info)
+            try:
+                swept = i == 0 and bool(args.orders and args.debias)
+                if swept:
+                    raw = json.loads(gzip.decompress(args.raw.read_bytes())) if args.raw else None
+                    raw, results = debias_section(model, section, args.orders, args.debias, args.strengths,
+                                                  args.floors, raw)
+                    (args.out / "raw.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
+                    result["tokens"] = token_section(model, section, args.orders, args.debias)
+                    result["chosen"] = priors.choose(results, result["tokens"])
+                    names = table_rows(results, result["chosen"]["pair"], args.orders)
+                    for name in names:  # the rows shown also get the out-of-fold calibrations
+                        b = results[name]
                         config = priors.Config(b["mode"], b["strength"], b["floor"], b["k"])
-                        ev = priors.evaluate(raw, section, config, skip_label_on_content_free=True)
-                        b["families_if_off_on_content_free_states"] = {
-                            f: round(x["accuracy"] * x["n"]) for f, x in summary(section, ev.given)["families"].items()}
-                result["debias"], result["debias_table"] = results, names
-                result["rule_out_of_fold"] = priors.rule_out_of_fold(
-                    raw, section, priors.grid(args.debias, args.strengths, args.floors, args.orders), result["tokens"])
-                if any(t.family == "favourite" for t in section) and "label" in args.debias:
-                    result["favourite_check"] = priors.favourite_check(raw, section)
-            if swept and section == tasks and 1 in args.orders and "off" in args.debias:
-                # off at K = 1 is this style's own pass: taken from the readouts above, not scored again
-                scored = priors.evaluate(raw, tasks, priors.Config("off", 0.0, 0.0, 1)).given
-                timed = False
-            else:
-                scored, timed = score_tasks(model, tasks), True
-            result["styles"][style] = {"version": model.prompt_version, **summary(tasks, scored)}
-            if not timed:
-                result["styles"][style]["seconds_p50"] = None
-            print(f"style {style}: accuracy {result['styles'][style]['overall']['accuracy']:.3f}", flush=True)
-            if i == 0:
-                first_scored = scored
-                if args.orders and args.debias and args.cost_per_tier:
-                    result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
-                                                  [m for m in args.debias if m in MODES_SERVED])
-        finally:
-            model.close()
-    if args.calibration and first_scored:
-        result["calibration"] = calibration_section(first_scored, args.out)
-    result["command"] = "python -m benchmarks.accuracy " + " ".join(argv if argv is not None else sys.argv[1:])
+                        results[name] = priors.block(section, priors.evaluate(raw, section, config), calibrate=True)
+                    for name in names:  # what a label prior keeps by being divided out where the state is empty
+                        b = results[name]
+                        if b["mode"] in ("label", "label-mask"):
+                            config = priors.Config(b["mode"], b["strength"], b["floor"], b["k"])
+                            ev = priors.evaluate(raw, section, config, skip_label_on_content_free=True)
+                            families = summary(section, ev.given)["families"]
+                            b["families_if_off_on_content_free_states"] = {
+                                f: round(x["accuracy"] * x["n"]) for f, x in families.items()}
+                    result["debias"], result["debias_table"] = results, names
+                    result["rule_out_of_fold"] = priors.rule_out_of_fold(
+                        raw, section, priors.grid(args.debias, args.strengths, args.floors, args.orders),
+                        result["tokens"])
+                    if any(t.family == "favourite" for t in section) and "label" in args.debias:
+                        result["favourite_check"] = priors.favourite_check(raw, section)
+                if swept and section == tasks and 1 in args.orders and "off" in args.debias:
+                    # off at K = 1 is this style's own pass: taken from the readouts above, not scored again
+                    scored = priors.evaluate(raw, tasks, priors.Config("off", 0.0, 0.0, 1)).given
+                    timed = False
+                else:
+                    scored, timed = score_tasks(model, tasks), True
+                result["styles"][style] = {"version": model.prompt_version, **summary(tasks, scored)}
+                if not timed:
+                    result["styles"][style]["seconds_p50"] = None
+                print(f"style {style}: accuracy {result['styles'][style]['overall']['accuracy']:.3f}", flush=True)
+                if i == 0:
+                    first_scored = scored
+                    if args.orders and args.debias and args.cost_per_tier:
+                        result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
+                                                      [m for m in args.debias if m in MODES_SERVED])
+            finally:
+                model.close()
+        if args.calibration and first_scored:
+            result["calibration"] = calibration_section(first_scored, args.out)
+    result["command"] = provenance.command
+    result["provenance"] = provenance.record()
     (args.out / "accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
     table = markdown(result)
     (args.out / "accuracy.md").write_text(table)

@@ -7,13 +7,17 @@
 # takes minutes, not the all-variants build's). A native binary runs only on CPUs like the one that built it, so its
 # cache folder is keyed by this CPU's feature flags as well. LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g.
 # "-DGGML_CUDA=ON" on a GPU machine, or "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" for the
-# adapter's former AVX2-only kernels.
+# adapter's former AVX2-only kernels. With --flags it prints the flags it would build with and builds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VERSION=$(sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
 FLAGS=${LLAMA_SERVER_CMAKE_ARGS:-"-DGGML_NATIVE=ON"}
+if [ "${1:-}" = "--flags" ]; then  # the flags a build here uses (benchmark results name them), nothing built
+    printf '%s\n' "$FLAGS"
+    exit 0
+fi
 KEY=$FLAGS
 case " $FLAGS " in
     *" -DGGML_NATIVE=ON "*) KEY="$FLAGS $(grep -m1 '^flags' /proc/cpuinfo)" ;;

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from . import generation
 from .clients import EndpointError, HttpEndpoint
 from .metrics import latency_summary
+from .provenance import Provenance
 from .run import _unseen
 from .tasks import DEFAULT_TASKS, Task, load
 
@@ -62,12 +63,12 @@ def measure(call: Callable[[Task], Any], tasks: list[Task], clients: int) -> dic
 
 
 def run(tasks: list[Task], model_dir: str, threads: int, gpu_layers: int, levels: tuple[int, ...],
-        out: Path, generation_baseline: bool = True) -> dict[str, Any]:
+        out: Path, generation_baseline: bool = True, provenance: Provenance | None = None) -> dict[str, Any]:
     from .servers import adapter, llama_server
     from decision_adapter.decisions.model_files import find_gguf
 
     result: dict[str, Any] = {"tasks": len(tasks), "threads": threads, "gpu_layers": gpu_layers, "levels": {}}
-    with adapter(model_dir, threads, gpu_layers, out / "adapter-concurrency.log") as base:
+    with adapter(model_dir, threads, gpu_layers, out / "adapter-concurrency.log", provenance=provenance) as base:
         ours = HttpEndpoint(f"{base}/v1/systemone")
         for level in levels:
             batch = [replace(t, state=_unseen(t.state, 1000 + level)) for t in tasks]
@@ -80,7 +81,8 @@ def run(tasks: list[Task], model_dir: str, threads: int, gpu_layers: int, levels
         for level in levels:
             with contextlib.ExitStack() as stack:
                 base = stack.enter_context(llama_server(gguf, threads, gpu_layers, out / f"llama-server-{level}.log",
-                                                        ctx_tokens=8192 * level, parallel=level))
+                                                        ctx_tokens=8192 * level, parallel=level,
+                                                        provenance=provenance))
                 chat = HttpEndpoint(f"{base}/v1/chat/completions")
                 batch = [replace(t, state=_unseen(t.state, 2000 + level)) for t in tasks]
                 result["levels"][str(level)]["generation"] = measure(
@@ -132,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     tasks = sorted(load(args.tasks), key=lambda t: len(json.dumps(t.state)) + len(json.dumps(t.question)))
     tasks = tasks[:args.count]
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run(tasks, args.model_dir or str(embedded_model_dir()), args.threads, args.gpu_layers,
-                 tuple(args.levels), args.out, args.generation)
-    command = "python -m benchmarks.concurrency " + " ".join(argv if argv is not None else sys.argv[1:])
-    result["command"] = command.strip()
+    with Provenance("benchmarks.concurrency", argv) as provenance:
+        result = run(tasks, args.model_dir or str(embedded_model_dir()), args.threads, args.gpu_layers,
+                     tuple(args.levels), args.out, args.generation, provenance)
+    result["command"] = provenance.command
+    result["provenance"] = provenance.record()
     (args.out / "concurrency.json").write_text(json.dumps(result, indent=1) + "\n")
-    table = markdown(result, command.strip())
+    table = markdown(result, provenance.command)
     (args.out / "concurrency.md").write_text(table)
     print(table)
     return 0

@@ -34,6 +34,8 @@ from typing import Callable
 import requests
 import zstandard
 
+from .provenance import Provenance
+
 MIB = 1024 * 1024
 SIZES = {"64KiB": 64 * 1024, "6MiB": 6 * MIB}
 MAX_DEPTH = 64
@@ -391,10 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model_dir = args.model_dir or str(embedded_model_dir())
     log = args.out / "hostile-adapter.log"
+    provenance = Provenance("benchmarks.hostile", argv)
 
     def start() -> tuple[str, int, Callable[[], None]]:
         # The settings the tests use; no prior, so a body that is answered costs one prompt.
-        context = adapter_process(model_dir, args.threads, 0, log, {"ADAPTER_DEBIAS": "off"})
+        context = adapter_process(model_dir, args.threads, 0, log, {"ADAPTER_DEBIAS": "off"}, provenance=provenance)
         base, process = context.__enter__()
         return base, process.pid, lambda: context.__exit__(None, None, None)
 
@@ -402,12 +405,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{o.family:32} {o.size:6} {o.format:9} {o.encoding:8} {o.status:3} {o.seconds:7.2f} s "
               f"+{o.peak_rss_growth_mib:6.1f} MiB ping {o.ping_worst_s:5.2f} s", file=sys.stderr, flush=True)
 
-    outcomes = run(start, families=args.families, sizes=args.sizes, formats=args.formats, encodings=args.encodings,
-                   timeout_s=args.timeout, report=report, fresh=not args.one_server)
+    with provenance:
+        outcomes = run(start, families=args.families, sizes=args.sizes, formats=args.formats,
+                       encodings=args.encodings, timeout_s=args.timeout, report=report, fresh=not args.one_server)
     rows = summary(outcomes)
-    command = "python -m benchmarks.hostile " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = provenance.command
     (args.out / "hostile.json").write_text(json.dumps({"command": command, "label": args.label, "summary": rows,
-                                                      "outcomes": [asdict(o) for o in outcomes]}, indent=1) + "\n")
+                                                      "outcomes": [asdict(o) for o in outcomes],
+                                                      "provenance": provenance.record()}, indent=1) + "\n")
     table = markdown(rows, command, f" ({args.label})" if args.label else "")
     (args.out / "hostile.md").write_text(table)
     print(table)

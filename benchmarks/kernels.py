@@ -32,6 +32,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from .provenance import Provenance, settings_fields
+
 REPO = Path(__file__).resolve().parents[1]
 # The comparison builds' flags (each its own cache folder): the adapter's former flags, and native.
 BUILDS = {
@@ -98,7 +100,9 @@ def worker(args: argparse.Namespace) -> int:
     from decision_adapter.settings import Settings
     from decision_adapter.startup import engine_options
 
-    settings = Settings(model_dir=args.model_dir, threads=args.threads, cpu_variant=args.variant, state_cache_mb=0)
+    # thread_wait: as the parent gave it to this process (OMP_WAIT_POLICY, read when llama.cpp loads), recorded
+    settings = Settings(model_dir=args.model_dir, threads=args.threads, cpu_variant=args.variant, state_cache_mb=0,
+                        thread_wait=args.thread_wait)
     rows = []
     with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as engine:
         for count in args.tokens:
@@ -113,7 +117,8 @@ def worker(args: argparse.Namespace) -> int:
             rows.append({"tokens": count, "seconds": seconds, "cpu_seconds": cpu_seconds})
         kernels = engine.kernels
     print(json.dumps({"library": str(Path(llama_cpp.__file__).parent), "variant": kernels.variant,
-                      "features": list(kernels.features), "cpu": kernels.cpu, "rows": rows}))
+                      "features": list(kernels.features), "cpu": kernels.cpu, "rows": rows,
+                      "settings": settings_fields(settings)}))
     return 0
 
 
@@ -127,7 +132,7 @@ def measure(config: dict, args: argparse.Namespace) -> dict:
         env["OMP_WAIT_POLICY"] = args.thread_wait
     command = [sys.executable, "-m", "benchmarks.kernels", "--worker", "--variant", config["variant"],
                "--model-dir", args.model_dir, "--threads", str(args.threads), "--repeats", str(args.repeats),
-               "--tokens", *map(str, args.tokens)]
+               "--thread-wait", args.thread_wait, "--tokens", *map(str, args.tokens)]
     load = os.getloadavg()[0]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
@@ -168,32 +173,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.variants is None:
         args.variants = default_variants()
 
-    configs = []
-    if "dispatched" in args.builds:
-        configs += [{"name": f"dispatched {v}", "build": "dispatched", "variant": v} for v in args.variants]
-    configs += [{"name": b, "build": b, "variant": "auto", "path": str(build(BUILDS[b]))}
-                for b in args.builds if b in BUILDS]
-    runs: dict[str, list[dict]] = {c["name"]: [] for c in configs}
-    for round_number in range(1, args.rounds + 1):
-        for config in configs:
-            result = measure(config, args)
-            runs[config["name"]].append(result)
-            speeds = ", ".join(f"{r['tokens']} tokens {r['tokens'] / statistics.median(r['seconds']):.0f}/s"
-                               for r in result["rows"])
-            print(f"round {round_number} {config['name']:20s} ({result['variant']}): {speeds}", flush=True)
+    # Each row names the variant it ran: the record's provenance has no one `kernels`.
+    with Provenance("benchmarks.kernels", argv) as provenance:
+        configs = []
+        if "dispatched" in args.builds:
+            configs += [{"name": f"dispatched {v}", "build": "dispatched", "variant": v} for v in args.variants]
+        configs += [{"name": b, "build": b, "variant": "auto", "path": str(build(BUILDS[b]))}
+                    for b in args.builds if b in BUILDS]
+        for b in args.builds:
+            if b in BUILDS:
+                provenance.built(f"llama-cpp-python {b}", BUILDS[b])
+        runs: dict[str, list[dict]] = {c["name"]: [] for c in configs}
+        for round_number in range(1, args.rounds + 1):
+            for config in configs:
+                result = measure(config, args)
+                provenance.ran_with(result.pop("settings"))
+                runs[config["name"]].append(result)
+                speeds = ", ".join(f"{r['tokens']} tokens {r['tokens'] / statistics.median(r['seconds']):.0f}/s"
+                                   for r in result["rows"])
+                print(f"round {round_number} {config['name']:20s} ({result['variant']}): {speeds}", flush=True)
 
     rows = summarise(configs, runs, args.tokens)
-    command = "python -m benchmarks.kernels " + " ".join(argv if argv is not None else sys.argv[1:])
-    table = markdown(rows, args, command.strip(), cpu=runs[configs[0]["name"]][0]["cpu"])
+    command = provenance.command
+    table = markdown(rows, args, command, cpu=runs[configs[0]["name"]][0]["cpu"])
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        record = {"command": command.strip(), "machine": platform.processor() or platform.machine(),
+        record = {"command": command, "machine": platform.processor() or platform.machine(),
                   "thread_wait": args.thread_wait,
                   "cpu": runs[configs[0]["name"]][0]["cpu"], "threads": args.threads, "rounds": args.rounds,
                   "repeats": args.repeats, "model_dir": args.model_dir, "rows": rows,
                   "runs": {name: [{k: v for k, v in r.items() if k != "library"} for r in results]
-                           for name, results in runs.items()}}
+                           for name, results in runs.items()},
+                  "provenance": provenance.record()}
         (args.out / "kernels.json").write_text(json.dumps(record, indent=1) + "\n")
         (args.out / "kernels.md").write_text(table)
     return 0

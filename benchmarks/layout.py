@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .provenance import Provenance
 from .tasks import DEFAULT_TASKS, add_selection_options, load, selected
 
 
@@ -52,26 +53,32 @@ def main(argv: list[str] | None = None) -> int:
     tasks = selected(load(args.tasks), args)
     model_dir = args.model_dir or str(embedded_model_dir())
     base = replace(Settings.from_env(), model_dir=model_dir, threads=args.threads, state_cache_mb=0)
-    models = {layout: load_decision_model(replace(base, layout=layout)) for layout in ("exact", "fused")}
     context = lambda model: RequestContext.of(model, max_decisions=1)  # noqa: E731
+    models = {}
     rows = []
-    try:
-        for task in tasks:
-            seconds: dict[str, list[float]] = {"exact": [], "fused": []}
-            answers: dict[str, tuple[float, ...]] = {}
-            decodes: dict[str, int] = {}
-            for _ in range(args.rounds):
-                for layout, model in models.items():
-                    p, s, d = score(model, task, context)
-                    seconds[layout].append(s)
-                    answers[layout], decodes[layout] = p, d
-            exact, fused = statistics.median(seconds["exact"]), statistics.median(seconds["fused"])
-            rows.append({"task": task.id, "tier": task.tier, "exact_s": exact, "fused_s": fused,
-                         "fused_over_exact": fused / exact, "decodes": decodes,
-                         "max_abs_dp": max(abs(a - b) for a, b in zip(answers["exact"], answers["fused"]))})
-    finally:
-        for model in models.values():
-            model.close()
+    with Provenance("benchmarks.layout", argv) as provenance:
+        try:
+            for layout in ("exact", "fused"):
+                settings = replace(base, layout=layout)
+                models[layout] = load_decision_model(settings)
+                provenance.ran_with(settings)
+                provenance.kernels_of(models[layout].model_info)
+            for task in tasks:
+                seconds: dict[str, list[float]] = {"exact": [], "fused": []}
+                answers: dict[str, tuple[float, ...]] = {}
+                decodes: dict[str, int] = {}
+                for _ in range(args.rounds):
+                    for layout, model in models.items():
+                        p, s, d = score(model, task, context)
+                        seconds[layout].append(s)
+                        answers[layout], decodes[layout] = p, d
+                exact, fused = statistics.median(seconds["exact"]), statistics.median(seconds["fused"])
+                rows.append({"task": task.id, "tier": task.tier, "exact_s": exact, "fused_s": fused,
+                             "fused_over_exact": fused / exact, "decodes": decodes,
+                             "max_abs_dp": max(abs(a - b) for a, b in zip(answers["exact"], answers["fused"]))})
+        finally:
+            for model in models.values():
+                model.close()
     ratios = [r["fused_over_exact"] for r in rows]
     result = {"model": Path(model_dir).name, "threads": args.threads, "tasks": len(rows), "rounds": args.rounds,
               "median_exact_s": statistics.median(r["exact_s"] for r in rows),
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
               "median_fused_over_exact": statistics.median(ratios),
               "max_abs_dp": max(r["max_abs_dp"] for r in rows),
               "median_abs_dp": statistics.median(r["max_abs_dp"] for r in rows), "rows": rows,
-              "command": "python -m benchmarks.layout " + " ".join(argv if argv is not None else sys.argv[1:])}
+              "command": provenance.command, "provenance": provenance.record()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "layout.json").write_text(json.dumps(result, indent=1) + "\n")
     table = markdown(result)

@@ -16,6 +16,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from .provenance import Provenance
+
 SIZES = (32, 64, 128, 256, 512)
 ATTENTION = {"fp32": {"flash_attention": "off", "kv_cache_type": "f32"},
              "flash": {"flash_attention": "on", "kv_cache_type": "f16"}}
@@ -48,27 +50,32 @@ def main(argv: list[str] | None = None) -> int:
     base = replace(Settings.from_env(), model_dir=args.model_dir or str(embedded_model_dir()), threads=args.threads,
                    gpu_layers=args.gpu_layers)
     rows = []
-    for attention in args.attention:
-        for size in args.sizes:
-            model = load_decision_model(replace(base, batch_tokens=size, **ATTENTION[attention]))
-            try:
-                for wanted in args.tokens:
-                    tokens = model.engine.vocabulary.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"), ("x", "y")))
-                    times = [model.engine.runner.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
-                    rows.append({"attention": attention, "batch_tokens": size, "tokens": times[0][1],
-                                 "median_s": statistics.median(t for t, _ in times)})
-                    print(f"{attention:5s} micro-batch {size:4d}: {times[0][1]:5d} tokens in "
-                          f"{rows[-1]['median_s']:.2f} s", flush=True)
-            finally:
-                model.close()
+    with Provenance("benchmarks.prefill", argv) as provenance:
+        for attention in args.attention:
+            for size in args.sizes:
+                settings = replace(base, batch_tokens=size, **ATTENTION[attention])
+                model = load_decision_model(settings)
+                provenance.ran_with(settings)
+                provenance.kernels_of(model.model_info)
+                try:
+                    for wanted in args.tokens:
+                        tokens = model.engine.vocabulary.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"),
+                                                                    ("x", "y")))
+                        times = [model.engine.runner.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
+                        rows.append({"attention": attention, "batch_tokens": size, "tokens": times[0][1],
+                                     "median_s": statistics.median(t for t, _ in times)})
+                        print(f"{attention:5s} micro-batch {size:4d}: {times[0][1]:5d} tokens in "
+                              f"{rows[-1]['median_s']:.2f} s", flush=True)
+                finally:
+                    model.close()
 
-    command = "python -m benchmarks.prefill " + " ".join(argv if argv is not None else sys.argv[1:])
-    table = markdown(rows, args, command.strip())
+    command = provenance.command
+    table = markdown(rows, args, command)
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        record = {"command": command.strip(), "threads": args.threads, "gpu_layers": args.gpu_layers,
-                  "rounds": args.rounds, "rows": rows}
+        record = {"command": command, "threads": args.threads, "gpu_layers": args.gpu_layers,
+                  "rounds": args.rounds, "rows": rows, "provenance": provenance.record()}
         (args.out / "prefill.json").write_text(json.dumps(record, indent=1) + "\n")
         (args.out / "prefill.md").write_text(table)
     return 0

@@ -20,6 +20,7 @@ import math
 import platform
 import statistics
 import time
+import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from . import generation
 from .clients import EndpointError, JsonEndpoint, endpoint
 from .metrics import Outcome, accuracy, brier, ece, latency_summary
+from .provenance import Provenance
 from .tasks import Task
 
 SHARED_STATE_REPEATS = 3
@@ -50,6 +52,7 @@ class Options:
     api_key: str | None = None
     region: str | None = None
     notes: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance | None = None  # learns the settings, kernels and builds of the servers started here
 
 
 def run(options: Options) -> dict[str, Any]:
@@ -71,11 +74,19 @@ def run(options: Options) -> dict[str, Any]:
 
 def _decision_endpoint(options: Options, stack: contextlib.ExitStack) -> JsonEndpoint:
     if options.endpoint != "auto":
+        if options.provenance is not None:
+            options.provenance.ran_elsewhere(options.endpoint)
+            if options.endpoint.startswith(("http://", "https://")):  # an adapter's /ping names its kernels
+                from .servers import ping
+
+                parts = urllib.parse.urlsplit(options.endpoint)
+                with contextlib.suppress(OSError, ValueError):  # requests' errors are OSErrors
+                    options.provenance.kernels_of(ping(f"{parts.scheme}://{parts.netloc}"))
         return endpoint(options.endpoint, api_key=options.api_key, region=options.region)
     from .servers import adapter
 
     base = stack.enter_context(adapter(_model_dir(options), options.threads, options.gpu_layers,
-                                       options.out / "adapter.log"))
+                                       options.out / "adapter.log", provenance=options.provenance))
     return endpoint(f"{base}/v1/systemone")
 
 
@@ -90,7 +101,7 @@ def _generation_endpoint(options: Options, stack: contextlib.ExitStack) -> JsonE
 
     gguf = str(find_gguf(_model_dir(options)))
     base = stack.enter_context(llama_server(gguf, options.threads, options.gpu_layers,
-                                            options.out / "llama-server.log"))
+                                            options.out / "llama-server.log", provenance=options.provenance))
     return endpoint(f"{base}/v1/chat/completions")
 
 

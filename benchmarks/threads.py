@@ -30,6 +30,7 @@ import zstandard
 
 from . import servers
 from .prefill import state_text
+from .provenance import KERNEL_KEYS, Provenance
 
 CONFIGS = ("2:openmp:0", "2:passive:0", "1:openmp:0", "2:openmp:10", "2:passive:10")
 BODY_BYTES = 6 * 1024 * 1024 - 4096
@@ -72,11 +73,13 @@ def load_client(base: str, body: bytes, stop: threading.Event, counts: list[int]
 
 
 def run_config(model_dir: str, threads: int, wait: str, nice: int, args: argparse.Namespace, body: bytes,
-               log_dir: Path) -> dict:
+               log_dir: Path, provenance: Provenance | None = None) -> dict:
     os.environ.update({"ADAPTER_THREAD_WAIT": wait, "ADAPTER_HTTP_NICE": str(nice), "ADAPTER_STATE_CACHE_MB": "0"})
     os.environ.pop("OMP_WAIT_POLICY", None)
     alone, loaded, heavy = [], [], []
-    with servers.adapter(model_dir, threads, 0, log_dir / f"threads-{threads}-{wait}-{nice}.log") as base:
+    with servers.adapter(model_dir, threads, 0, log_dir / f"threads-{threads}-{wait}-{nice}.log",
+                         provenance=provenance) as base:
+        kernels = {key: value for key, value in servers.ping(base).items() if key in KERNEL_KEYS}
         timed(base, -1, args.state_tokens)  # warm-up
         alone = [timed(base, i, args.state_tokens) for i in range(args.requests)]
         stop = threading.Event()
@@ -93,7 +96,7 @@ def run_config(model_dir: str, threads: int, wait: str, nice: int, args: argpars
             for client in clients:
                 client.join()
     return {"alone": alone, "loaded": loaded, "heavy_requests": len(heavy), "phase_s": phase_s,
-            "phase_heavy": phase_heavy}
+            "phase_heavy": phase_heavy, "kernels": kernels}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     configs = [(int(t), w, int(n)) for t, w, n in (c.split(":") for c in args.configs)]
     runs: dict[str, list[dict]] = {f"{t}:{w}:{n}": [] for t, w, n in configs}
-    for round_number in range(1, args.rounds + 1):
-        for threads, wait, nice in configs:
-            result = run_config(model_dir, threads, wait, nice, args, body, log_dir)
-            runs[f"{threads}:{wait}:{nice}"].append(result)
-            print(f"round {round_number} threads {threads} wait {wait:7s} http nice {nice:2d}: prefill alone "
-                  f"{statistics.median(r['prefill_s'] for r in result['alone']):.3f} s, under load "
-                  f"{statistics.median(r['prefill_s'] for r in result['loaded']):.3f} s "
-                  f"({result['heavy_requests']} heavy bodies)", flush=True)
+    # Each run names the kernels its server ran (runs[config][round]["kernels"]).
+    with Provenance("benchmarks.threads", argv) as provenance:
+        for round_number in range(1, args.rounds + 1):
+            for threads, wait, nice in configs:
+                result = run_config(model_dir, threads, wait, nice, args, body, log_dir, provenance)
+                runs[f"{threads}:{wait}:{nice}"].append(result)
+                print(f"round {round_number} threads {threads} wait {wait:7s} http nice {nice:2d}: prefill alone "
+                      f"{statistics.median(r['prefill_s'] for r in result['alone']):.3f} s, under load "
+                      f"{statistics.median(r['prefill_s'] for r in result['loaded']):.3f} s "
+                      f"({result['heavy_requests']} heavy bodies)", flush=True)
 
     rows = []
     for name, results in runs.items():
@@ -136,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                      "loaded_s": statistics.median(loaded), "alone_p90_s": _p90(alone), "loaded_p90_s": _p90(loaded),
                      "heavy_per_min": 60 * sum(r["phase_heavy"] for r in results) / sum(r["phase_s"] for r in results),
                      "timed_requests": len(alone)})
-    command = "python -m benchmarks.threads " + " ".join(argv if argv is not None else sys.argv[1:])
-    table = markdown(rows, args, command.strip(), Path(model_dir).name)
+    command = provenance.command
+    table = markdown(rows, args, command, Path(model_dir).name)
     print(table)
     if args.out:
-        record = {"command": command.strip(), "machine": platform.machine(), "cpus": len(os.sched_getaffinity(0)),
-                  "model_dir": model_dir, "rows": rows, "runs": runs}
+        record = {"command": command, "machine": platform.machine(), "cpus": len(os.sched_getaffinity(0)),
+                  "model_dir": model_dir, "rows": rows, "runs": runs, "provenance": provenance.record()}
         (args.out / "threads.json").write_text(json.dumps(record, indent=1) + "\n")
         (args.out / "threads.md").write_text(table)
     return 0

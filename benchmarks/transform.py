@@ -33,6 +33,8 @@ from typing import Any, Iterator
 
 import requests
 
+from .provenance import Provenance
+
 TEAMS = [("account_access", "Account access and authentication support."),
          ("billing", "Billing, invoices, refunds and payment support."),
          ("shipping", "Shipping, delivery, damaged or lost parcels."),
@@ -206,12 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["ADAPTER_BATCH_TIMEOUT_S"] = str(int(args.timeout))
     os.environ["ADAPTER_DEPLOYMENT"] = "transform"  # as endpoint_client transform deploys it
     model_dir = args.model_dir or str(embedded_model_dir())
-    with adapter(model_dir, args.threads, 0, args.out / "transform-adapter.log") as base:
-        result = run(base, timeout_s=args.timeout, payload_kb=args.payload_kb, batches=args.batches,
-                     single_records=args.single_records, never_fits_every=args.never_fits_every,
-                     strategy=args.strategy, large=args.large_record)
+    with Provenance("benchmarks.transform", argv) as provenance:
+        with adapter(model_dir, args.threads, 0, args.out / "transform-adapter.log", provenance=provenance) as base:
+            result = run(base, timeout_s=args.timeout, payload_kb=args.payload_kb, batches=args.batches,
+                         single_records=args.single_records, never_fits_every=args.never_fits_every,
+                         strategy=args.strategy, large=args.large_record)
     result["model"] = Path(model_dir).name
-    result["command"] = "python -m benchmarks.transform " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["command"] = provenance.command
+    result["provenance"] = provenance.record()
     (args.out / "transform.json").write_text(json.dumps(result, indent=1) + "\n")
     table = markdown(result)
     (args.out / "transform.md").write_text(table)

@@ -11,7 +11,7 @@ per environment; then, per stack, ``npx cdk diff --app <working tree's assembly>
 reported as added or removed. Exit 0 (the difference is printed, not judged), 2 when a side does not synthesize.
 
 For a pull request against the deployed stacks (which needs read access to the account), see
-.github/workflows/cdk-diff.yml and README's "Review in pull requests".
+.github/workflows/cdk-diff.yml and docs/deploy.md, "Review in pull requests".
 """
 
 from __future__ import annotations

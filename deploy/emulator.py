@@ -2,8 +2,8 @@
 
 Each change below makes the emulator do what the real service does; none changes what the stacks or the CLI send,
 and none makes a resource type exist that moto's services do not implement (the types moto's CloudFormation
-skips are listed in README, "Deploy rehearsal"). The changes apply to the moto of the process that calls
-:func:`start`; ``make rehearse`` and its test run in a process of their own.
+skips are listed in docs/deploy.md, "Deploy rehearsal (`make rehearse`)"). The changes apply to the moto of the
+process that calls :func:`start`; ``make rehearse`` and its test run in a process of their own.
 
 - **Generated ECR repository names.** CloudFormation names an ECR repository it generates a name for in lower
   case (ECR allows nothing else); moto reuses its generic ``<stack>-<LogicalId>-<suffix>`` and then refuses its own

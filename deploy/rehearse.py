@@ -1,4 +1,4 @@
-"""``make rehearse``: the README's deploy path, run by the real CDK CLI against moto's server on loopback.
+"""``make rehearse``: the deploy path of docs/deploy.md, run by the real CDK CLI against moto's server on loopback.
 
 On a copy of the app whose cdk.json is pinned in the builds' formats (deploy/pins.py) and located in moto's
 account, with ``AWS_ENDPOINT_URL=http://localhost:PORT`` (moto reads a template URL path-style only when its host
@@ -19,8 +19,9 @@ says localhost) and made-up credentials:
 
 It ends with the acceptance report of step 4.
 
-moto stands in for the services (deploy/emulator.py says where it was made to behave like AWS, and README which
-resource types it lacks and only records). Exit 0 when every step and check passed, 1 otherwise.
+moto stands in for the services (deploy/emulator.py says where it was made to behave like AWS, and docs/deploy.md,
+"Deploy rehearsal (`make rehearse`)", which resource types it lacks and only records). Exit 0 when every step and
+check passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ CLI = REPOSITORY_ROOT / "node_modules" / ".bin" / "cdk"
 ACCOUNT = "123456789012"        # moto's account: what STS answers for any credentials
 REGION = "eu-west-1"
 APP_FILES = ("app.py", "stacks", "container", "model_build", "endpoint_client", "examples", "package.json")
-# Resource types of the stacks that moto's CloudFormation records but does not create (README lists them).
+# Resource types of the stacks that moto's CloudFormation records but does not create (docs/deploy.md lists them).
 MOTO_LACKS = {
     "AWS::ApplicationAutoScaling::ScalableTarget": "the endpoints' auto scaling",
     "AWS::ApplicationAutoScaling::ScalingPolicy": "the endpoints' target tracking",
@@ -183,14 +184,14 @@ class Rehearsal:
         return endpoint["EndpointConfigName"], model["PrimaryContainer"]["Image"]
 
     def check_skipped_resource_types(self, stack_names: list[str]) -> None:
-        """The resources moto did not create are exactly of the types README lists as missing from moto."""
+        """The resources moto did not create are exactly of the types docs/deploy.md lists as missing from moto."""
         cloudformation, skipped = self.client("cloudformation"), set()
         for name in stack_names:
             template = json.loads((self.checkout / "cdk.out" / f"{name}.template.json").read_text())
             created = {r.get("LogicalResourceId") for r in
                        cloudformation.describe_stack_resources(StackName=name)["StackResources"]}
             skipped |= {r["Type"] for logical_id, r in template["Resources"].items() if logical_id not in created}
-        check(skipped == set(MOTO_LACKS), f"moto skipped {sorted(skipped)}, README lists {sorted(MOTO_LACKS)}")
+        check(skipped == set(MOTO_LACKS), f"moto skipped {sorted(skipped)}, docs/deploy.md lists {sorted(MOTO_LACKS)}")
 
     # --- the steps --------------------------------------------------------------------------------------------
 

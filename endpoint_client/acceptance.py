@@ -1,6 +1,7 @@
 """``python -m endpoint_client acceptance -c env=NAME``: the checks only a real account can make, after a deploy.
 
-Run it after the first deploy of an environment and after every later one (README, Deploy). Each line is one check:
+Run it after the first deploy of an environment and after every later one (docs/deploy.md, "4. Acceptance: what
+still needs a real account"). Each line is one check:
 
 1. **invoke**: each deployed endpoint answers a request through the client's retry policy (the example decision,
    or a short chat completion on the text-generation endpoint);

@@ -10,7 +10,8 @@ Read-only; run it before ``npx cdk diff`` and ``npx cdk deploy``. Each line is o
    what the account's other endpoints run now. Every GPU pool is sized as if the whole fleet fell back to it; a
    first pool that cannot hold it fails, a later pool only warns (a fallback to it would fail).
 3. **instance types**: a deployed endpoint whose instance type or pools cdk.json changes must not have auto scaling
-   registered: SageMaker refuses UpdateEndpoint then. Deploy once with ``autoscaling`` false first (README).
+   registered: SageMaker refuses UpdateEndpoint then. Deploy once with ``autoscaling`` false first
+   (docs/deploy.md, "Change the instance type or the pools").
 
 Exit codes: 0 every check passed (warnings allowed), 1 a check failed or could not be made (a quota that cannot be
 read counts as failed), 2 bad arguments or cdk.json, 4 no region or credentials.
@@ -194,7 +195,8 @@ def instance_type_checks(config: EnvironmentConfig, aws: Aws) -> list[Check]:
         if registered:
             checks.append(Check("fail", subject, f"{change} while auto scaling is registered: SageMaker refuses the "
                                                  f"update. Deploy the current types with {config.key(kind)}.autoscaling "
-                                                 f"false first, then this change (README)"))
+                                                 f"false first, then this change (docs/deploy.md, Change the "
+                                                 f"instance type or the pools)"))
         else:
             checks.append(Check("ok", subject, f"{change}; auto scaling is detached, so the update can proceed"))
     return checks

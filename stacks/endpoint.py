@@ -120,7 +120,7 @@ class SageMakerEndpoint(Construct):
         # Target tracking on invocations per instance, between the initial and the maximum count. Application
         # Auto Scaling uses its SageMaker service-linked role (no RoleARN). cdk.json autoscaling false leaves both
         # out: SageMaker refuses to change the instance type of a variant registered with auto scaling, so an
-        # instance-type change deploys once without them (README, "Change the instance type or the pools").
+        # instance-type change deploys once without them (docs/deploy.md, "Change the instance type or the pools").
         self.scalable_target = self.scaling_policy = None
         if settings.autoscaling:
             self._add_scaling(spec)

@@ -6,13 +6,13 @@ and its routing, the container environment, the scaling target, the update strat
 the container's log lines and the alarms. :func:`endpoint_specs` builds them from the configuration; every
 stack is a loop over them, so no other module dispatches on a kind's name.
 
-Update strategy (SageMaker deployment guardrails, ``DeploymentConfig``; README "Deploy"): blue/green keeps the
-whole old fleet until the new one has baked, which needs a second fleet for the update; rolling replaces the
-fleet in batches of at most half its instances (SageMaker requires 5 to 50 % of the variant's count), needing
-only one batch more. The GPU variant rolls, because GPU capacity and quota are scarce, when it has at least two
-instances; with one, a rolling batch would be the whole fleet, so it goes blue/green too. The CPU variants go
-blue/green, one canary instance first when the fleet has two or more. Either way, if an alarm marked
-``rolls_back`` fires during a bake, SageMaker shifts the traffic back to the old fleet.
+Update strategy (SageMaker deployment guardrails, ``DeploymentConfig``; docs/deploy.md, "Updates and rollback"):
+blue/green keeps the whole old fleet until the new one has baked, which needs a second fleet for the update;
+rolling replaces the fleet in batches of at most half its instances (SageMaker requires 5 to 50 % of the
+variant's count), needing only one batch more. The GPU variant rolls, because GPU capacity and quota are scarce,
+when it has at least two instances; with one, a rolling batch would be the whole fleet, so it goes blue/green too.
+The CPU variants go blue/green, one canary instance first when the fleet has two or more. Either way, if an alarm
+marked ``rolls_back`` fires during a bake, SageMaker shifts the traffic back to the old fleet.
 
 Rollback alarms watch faults, never load or request shape: answers that are the server's fault (5xx other than
 the adapter's busy 503), scoring failures, the adapter's compute time per evaluated token (a slow release: its own

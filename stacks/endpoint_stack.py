@@ -39,13 +39,14 @@ class EndpointStack(cdk.Stack):
             cdk.Annotations.of(self).add_warning_v2(
                 f"decision-models:unpinned-{spec.kind}",
                 f"The {spec.kind} endpoint is left out until {' and '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} set in cdk.json (README.md, Deploy).")
+                f"{'is' if len(missing) == 1 else 'are'} set in cdk.json (docs/deploy.md, 3. Pin, preflight, diff "
+                f"and deploy the endpoints).")
         if spec.deployable and not spec.settings.autoscaling:
             cdk.Annotations.of(self).add_warning_v2(
                 f"decision-models:scaling-detached-{spec.kind}",
                 f"Auto scaling of the {spec.kind} endpoint is detached ({spec.settings_key}.autoscaling is false): its "
                 f"fleet stays at the instance count it has. Set it back to true once the instance type or pool "
-                f"change is deployed (README.md, Deploy).")
+                f"change is deployed (docs/deploy.md, Change the instance type or the pools).")
         if not spec.deployable:
             # A template needs one resource. This one does nothing and costs nothing; it keeps the stack
             # deployable (and diffable) until the endpoint is listed and pinned.

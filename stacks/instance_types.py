@@ -1,8 +1,8 @@
 """Facts about SageMaker ML instance types that the configuration and the endpoint stack act on.
 
 Only what the checks need: the vCPU count and the physical cores behind it (llama.cpp runs one thread per core:
-a second on the core's other hyperthread shares its vector units and only adds synchronisation; README, "CPU
-kernels and threads"), the CPU architecture (the adapter and the llama.cpp DLC images are x86-64 only), the NVIDIA GPU's CUDA compute capability (the GPU image is
+a second on the core's other hyperthread shares its vector units and only adds synchronisation; docs/adapter.md,
+"CPU kernels and threads"), the CPU architecture (the adapter and the llama.cpp DLC images are x86-64 only), the NVIDIA GPU's CUDA compute capability (the GPU image is
 compiled for a fixed set, Dockerfile.gpu's CUDA_ARCHITECTURES) and whether the instance has local NVMe
 instance storage (SageMaker rejects a volume KmsKeyId for those: their disks are encrypted in hardware).
 """

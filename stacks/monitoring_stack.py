@@ -55,7 +55,7 @@ class MonitoringStack(cdk.Stack):
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=cdk.Duration.hours(3))
         if not deployed:
             self.dashboard.add_widgets(cloudwatch.TextWidget(
-                markdown=f"# {config.name_prefix}\nNo endpoint is deployed yet (README.md, Deploy).", width=24))
+                markdown=f"# {config.name_prefix}\nNo endpoint is deployed yet (docs/deploy.md).", width=24))
         for spec in deployed:
             self.dashboard.add_widgets(*_endpoint_row(spec))
 

@@ -41,7 +41,7 @@ class ReviewStack(cdk.Stack):
             cdk.Annotations.of(self).add_warning_v2(
                 "decision-models:no-review-repository",
                 f"The pull-request diff role is left out until {config.key('review', 'github_repository')} names "
-                f"the repository (README.md, Review in pull requests).")
+                f"the repository (docs/deploy.md, Review in pull requests).")
             cdk.CfnWaitConditionHandle(self, "NoReviewRoleYet")
             return
         provider_arn = cdk.Arn.format(cdk.ArnComponents(

@@ -2,9 +2,9 @@
 
 cdk.json holds, per endpoint and instance type, ``target_invocations_per_instance`` (what target tracking keeps
 each instance at, per minute): the value this module derives, which ``python -m stacks.sizing`` prints with its
-formula (README, "Thresholds and scaling targets"); tests/cdk/test_cdk_sizing.py checks that cdk.json, README and
-docs/benchmarks.md agree. The stacks derive the other two themselves, from the pinned model: the adapter's
-slow-release threshold (compute time per evaluated token) and the storage volume of EBS-backed instances.
+formula (docs/deploy.md, "Thresholds and scaling targets"); tests/cdk/test_cdk_sizing.py checks that cdk.json,
+docs/deploy.md and docs/benchmarks.md agree. The stacks derive the other two themselves, from the pinned model: the
+adapter's slow-release threshold (compute time per evaluated token) and the storage volume of EBS-backed instances.
 
 What was measured (docs/benchmarks.md, "Benchmark model on this machine"): the benchmark model (491 MB GGUF) with 2
 llama.cpp threads on 2 cores, one decision per request on states of at most 2,000 characters; decisions per second
@@ -14,7 +14,7 @@ replaced by a measurement of the deployed endpoint (``python -m benchmarks --end
 
 - the work per decision, and per token, scales with the pinned GGUF's size (same quantisation family), and
 - throughput scales with llama.cpp's threads, which are the instance's physical cores (one thread per core: a
-  second on the other hyperthread of a core only adds synchronisation; README, "CPU kernels and threads").
+  second on the other hyperthread of a core only adds synchronisation; docs/adapter.md, "CPU kernels and threads").
 
     work factor       k = (pinned GGUF bytes / 491 MB) x (2 / instance physical cores)
     target            = floor(60 s x measured decisions/s / k x 0.7)                  invocations per instance-minute
@@ -22,9 +22,9 @@ replaced by a measurement of the deployed endpoint (``python -m benchmarks --end
 
 0.7 is the headroom: scaling holds each instance at 70 % of what it can serve, so a burst finds 30 % spare while
 new instances start. The slow-release threshold is 4 times the measured compute per token: load on the same
-instance slowed llama.cpp's own compute by at most 2.28x (README, "CPU kernels and threads": 6 MiB bodies parsed
-beside it), so only a release that computes at a quarter of the measured speed or slower crosses it. It must stay
-reachable: a request of the fewest tokens the metric counts (metric_logs.MIN_TIMED_TOKENS) computed at the
+instance slowed llama.cpp's own compute by at most 2.28x (docs/adapter.md, "CPU kernels and threads": 6 MiB bodies
+parsed beside it), so only a release that computes at a quarter of the measured speed or slower crosses it. It must
+stay reachable: a request of the fewest tokens the metric counts (metric_logs.MIN_TIMED_TOKENS) computed at the
 threshold still finishes before the adapter's deadline (tests/cdk check it), else such a release would answer
 busy 503s instead of slow successes.
 
@@ -143,7 +143,8 @@ def for_environment(environment: Mapping[str, Any]) -> list[Sizing]:
 
 
 def markdown(environments: Mapping[str, Mapping[str, Any]]) -> str:
-    """README's table: every environment's figures with the work factor they come from."""
+    """docs/deploy.md's table ("Thresholds and scaling targets"): every environment's figures with the work factor
+    they come from."""
     lines = ["| environment | endpoint | instance type | k | target invocations / instance-minute | "
              "slow release (ms per evaluated token) | basis |", "|---|---|---|---:|---:|---:|---|"]
     for name, environment in environments.items():

@@ -282,3 +282,54 @@ def _message(cls: type[Settings], exc: ValidationError, values: dict[str, Any]) 
     if kind in ("less_than_equal", "less_than"):
         return f"{env}={raw} is above its maximum {ctx.get('le', ctx.get('lt'))}"
     return f"{env}={raw!r}: {error['msg']}"
+
+
+# --- docs/settings.md's table, generated from the settings above: `python -m decision_adapter.settings` prints it,
+# `make settings-doc` writes it between the page's markers, and tests/test_settings_doc.py fails while it is stale.
+
+SETTINGS_DOC_BEGIN = "<!-- settings:begin -->"
+SETTINGS_DOC_END = "<!-- settings:end -->"
+# Defaults computed where the server starts, named by their rule so that the table is the same on every machine.
+MACHINE_DEFAULTS = {"ADAPTER_THREADS": "one per physical core"}
+
+
+def render_settings_table(rows: list[dict[str, Any]] | None = None) -> str:
+    """The markdown table of every setting: variable, default, description (``Settings.describe()``'s rows)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for row in Settings.describe() if rows is None else rows:
+        default = row["default"]
+        if row["env"] in MACHINE_DEFAULTS and str(default).endswith("(this machine)"):
+            shown = MACHINE_DEFAULTS[row["env"]]
+        elif str(default).endswith("(this machine)"):
+            shown = "computed at start-up"
+        elif default == "":
+            shown = "(empty)"
+        else:
+            shown = f"`{default}`"
+        description = " ".join(str(row["description"]).split()).replace("|", "\\|").replace("*", "\\*")
+        lines.append(f"| `{row['env']}` | {shown} | {description} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_settings_doc(path: Path) -> bool:
+    """Rewrites the table between the markers of ``path``; True when the file changed."""
+    text = path.read_text(encoding="utf-8")
+    head, found, rest = text.partition(SETTINGS_DOC_BEGIN)
+    _, found_end, tail = rest.partition(SETTINGS_DOC_END)
+    if not found or not found_end:
+        raise ValueError(f"{path} lacks the markers {SETTINGS_DOC_BEGIN} and {SETTINGS_DOC_END}")
+    new = f"{head}{SETTINGS_DOC_BEGIN}\n\n{render_settings_table()}\n{SETTINGS_DOC_END}{tail}"
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        print(f"{sys.argv[2]}: {'rewritten' if write_settings_doc(Path(sys.argv[2])) else 'up to date'}")
+    elif len(sys.argv) == 1:
+        print(render_settings_table(), end="")
+    else:
+        raise SystemExit("usage: python -m decision_adapter.settings [--write docs/settings.md]")

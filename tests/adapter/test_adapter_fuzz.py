@@ -1,7 +1,7 @@
 """Fuzzing the live server (`serve` on loopback, the real model): no 5xx, only strict JSON, still alive.
 
 `make test` sends FUZZ_CASES (default 1,000) requests; `make fuzz` sends 10,000 and prints the counts
-per status (README, "Fuzzing"). The cases are described in fuzz.py.
+per status (docs/development.md, "Fuzzing"). The cases are described in fuzz.py.
 """
 
 from __future__ import annotations

@@ -78,12 +78,12 @@ def test_every_setting_is_described():
     assert all(r["description"] for r in rows)
 
 
-def test_readme_lists_every_setting_with_its_default():
-    """README's settings table is the users' reference: every variable, with the default the code has."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    table = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z_]+)` \| ([^|]+) \|", readme, re.M)}
+def test_docs_settings_lists_every_setting_with_its_default():
+    """docs/settings.md's table is the users' reference: every variable, with the default the code has."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "settings.md").read_text(encoding="utf-8")
+    table = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([A-Z_]+)` \| ([^|]+) \|", page, re.M)}
     for row in Settings.describe():
-        assert row["env"] in table, f"README's settings table lacks {row['env']}"
+        assert row["env"] in table, f"docs/settings.md's settings table lacks {row['env']}"
         if isinstance(row["default"], (str, int, float)) and "(this machine)" not in str(row["default"]) \
                 and str(row["default"]) != "":
             assert table[row["env"]].strip() == f"`{row['default']}`", (row["env"], table[row["env"]])

@@ -48,9 +48,14 @@ CLI_SERVICES = {"s3api": "s3"}
 PRIVATE_ECR = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/"
                          r"(?P<repository>[^:@]+)")
 
+# Each stand-in records its argv as one line, fields split by the unit separator, in one write: the two sides of a
+# pipe (``aws ecr get-login-password | docker login``) run at once, and a record written in pieces could interleave
+# with the other side's (it did: ``docker login`` and ``get-login-password`` on one line, the call lost).
+RECORD = r"""#!/usr/bin/env bash
+record() { local line="$1"; shift; for a in "$@"; do line+=$'\x1f'"$a"; done; printf '%s\n' "$line" >> "$CALLS"; }
+"""
 STAND_INS = {
-    "aws": r"""#!/usr/bin/env bash
-printf '%s\0' aws "$@" >> "$CALLS"; printf '\n' >> "$CALLS"
+    "aws": RECORD + r"""record aws "$@"
 case "$1 $2" in
   "ecr get-login-password"|"ecr-public get-login-password") echo token ;;
   "ecr describe-images")
@@ -58,15 +63,13 @@ case "$1 $2" in
     case " $* " in *" --query "*) printf '%s\t%s\n' "$DOCKER_V2" "$PUSHED_DIGEST" ;; *) exit 254 ;; esac ;;
 esac
 """,
-    "docker": r"""#!/usr/bin/env bash
-printf '%s\0' docker "$@" >> "$CALLS"; printf '\n' >> "$CALLS"
+    "docker": RECORD + r"""record docker "$@"
 case "$1" in
   login) cat > /dev/null ;;
   inspect) echo "$REPOSITORY_URI@$PUSHED_DIGEST" ;;
 esac
 """,
-    "skopeo": r"""#!/usr/bin/env bash
-printf '%s\0' skopeo "$@" >> "$CALLS"; printf '\n' >> "$CALLS"
+    "skopeo": RECORD + r"""record skopeo "$@"
 case "$1" in
   login) cat > /dev/null ;;
   inspect) printf '{"mediaType": "%s"}\n' "$DOCKER_V2" ;;
@@ -96,7 +99,7 @@ def run_buildspec(spec: dict[str, Any], environment: dict[str, str], workdir: Pa
     done = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise AssertionError(f"the buildspec failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return [line.rstrip("\0").split("\0") for line in calls.read_text().splitlines() if line] if calls.exists() else []
+    return [line.split("\x1f") for line in calls.read_text().splitlines() if line] if calls.exists() else []
 
 
 def requests_of_command(argv: list[str], *, account: str, region: str, partition: str = "aws") -> list[Request]:

@@ -1,5 +1,5 @@
 """The pinned aws-cdk CLI (package.json, installed by make's node_modules/.installed) synthesizes each environment
-offline, exactly as README's Deploy section runs it: npx cdk synth -c env=NAME, on a fresh clone and with pins in
+offline, exactly as docs/deploy.md runs it: npx cdk synth -c env=NAME, on a fresh clone and with pins in
 the formats the builds print them, with a region other than us-east-1 configured and with none (the CLI then
 passes us-east-1). Deploy, diff and destroy through the CLI are rehearsed against moto (tests/deploy)."""
 

@@ -500,7 +500,8 @@ def test_a_fresh_clone_leaves_the_endpoints_out_and_says_which_keys_to_set(fresh
     env = fresh_clone.env
     assert sorted(warnings) == sorted(
         f"The {kind} endpoint is left out until environments.{env}.pins.images.{kind} and "
-        f"environments.{env}.pins.model are set in cdk.json (README.md, Deploy)." for kind in KINDS)
+        f"environments.{env}.pins.model are set in cdk.json (docs/deploy.md, 3. Pin, preflight, diff and deploy the "
+        f"endpoints)." for kind in KINDS)
     # The artifacts, build and monitoring stacks do not wait for pins.
     assert fresh_clone.resources("build", "AWS::CodeBuild::Project")
     assert fresh_clone.resources("artifacts", "AWS::ECR::Repository")
@@ -518,8 +519,8 @@ def test_only_listed_and_pinned_endpoints_are_created():
         assert synth.resources(stack, "AWS::SageMaker::Endpoint") == {}
         assert synth.resources(stack, "AWS::CloudFormation::WaitConditionHandle")
     assert [w for w in synth.warnings() if "left out" in w] == [
-        "The gpu endpoint is left out until environments.prod.pins.images.gpu is set in cdk.json (README.md, "
-        "Deploy)."]
+        "The gpu endpoint is left out until environments.prod.pins.images.gpu is set in cdk.json (docs/deploy.md, "
+        "3. Pin, preflight, diff and deploy the endpoints)."]
 
 
 def test_outputs_name_the_endpoint_model_and_transform_instance(pinned):
@@ -546,7 +547,7 @@ def test_autoscaling_false_detaches_scaling_and_keeps_the_endpoint():
     assert [w for w in synth.warnings() if "detached" in w] == [
         "Auto scaling of the cpu endpoint is detached (environments.prod.cpu.autoscaling is false): its fleet stays "
         "at the instance count it has. Set it back to true once the instance type or pool change is deployed "
-        "(README.md, Deploy)."]
+        "(docs/deploy.md, Change the instance type or the pools)."]
 
 
 def test_step_two_changes_the_instance_type_with_scaling_still_detached_then_step_three_attaches_it():

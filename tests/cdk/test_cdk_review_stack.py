@@ -72,7 +72,7 @@ def test_without_a_repository_the_stack_is_a_placeholder_and_synthesis_says_why(
     assert fresh_clone.resources("review", "AWS::IAM::Role") == {}
     assert fresh_clone.resources("review", "AWS::CloudFormation::WaitConditionHandle")
     assert (f"The pull-request diff role is left out until environments.{fresh_clone.env}.review.github_repository "
-            "names the repository (README.md, Review in pull requests).") in fresh_clone.warnings()
+            "names the repository (docs/deploy.md, Review in pull requests).") in fresh_clone.warnings()
 
 
 def test_an_account_that_has_the_provider_already_refers_to_it():

@@ -229,3 +229,14 @@ def test_every_service_role_trusts_only_its_own_use_in_this_account(deployed):
                     assert verdict.result == expected, (stack, role, context, verdict.result)
             checked += 1
     assert checked >= 7   # four CodeBuild projects, three execution roles
+
+
+def test_both_sides_of_a_pipe_are_recorded_whole(tmp_path):
+    """The recorder itself: ``aws ... | docker login`` runs both stand-ins at once; each call must come back as its
+    own argv (a record written in pieces once interleaved with the other side's and the aws call was lost)."""
+    pipe = "aws ecr get-login-password --region eu-west-1 | docker login --username AWS --password-stdin 1.dkr"
+    spec = {"env": {"shell": "bash"}, "phases": {"build": {"commands": [pipe] * 200}}}
+    commands = role_calls.run_buildspec(spec, {}, tmp_path)
+    assert sorted(map(tuple, commands)) == sorted(
+        [("aws", "ecr", "get-login-password", "--region", "eu-west-1")] * 200
+        + [("docker", "login", "--username", "AWS", "--password-stdin", "1.dkr")] * 200)

@@ -1,4 +1,4 @@
-"""make rehearse (deploy/rehearse.py) as part of make test: README's deploy path through the real CDK CLI against
+"""make rehearse (deploy/rehearse.py) as part of make test: docs/deploy.md's path through the real CDK CLI against
 moto on loopback. It asserts every stack's status after each step, the cross-stack exports, the endpoints' images
 before and after a pin change, that the review role allows the diff's recorded calls, the acceptance report, the
 alarms, which resource types moto skipped, prod's termination protection and the destroy. A few minutes."""
@@ -40,8 +40,8 @@ def test_the_rehearsal_passes():
     assert steps[-1].startswith("rehearsal passed in ")
 
 
-def test_readme_lists_what_moto_lacks():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### Deploy rehearsal (`make rehearse`)", 1)[1].split("\n### ", 1)[0]
+def test_docs_deploy_lists_what_moto_lacks():
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    section = deploy.split("\n## Deploy rehearsal (`make rehearse`)\n", 1)[1].split("\n## ", 1)[0]
     for resource_type, what in rehearse.MOTO_LACKS.items():
         assert f"| `{resource_type}` | {what} |" in section
