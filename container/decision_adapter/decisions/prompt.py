@@ -22,7 +22,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from itertools import islice
 from typing import Any, Sequence
 
 import jinja2
