@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +23,16 @@ from .decisions.combine import Scored
 from .decisions.labels import SINGLE
 from .decisions.model import DecisionModel, Limits, ModelIncompatible, Question, ScoringEngine, prompt_layout
 from .decisions.model_files import ModelFilesError, find_gguf, verify
-from .decisions.prompt import STYLES, state_segment
+from .decisions.prompt import DEFAULT_STYLE, STYLES, state_segment
 from .engine.scheduler import Scheduler
 from .errors import InputError
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 
+# llama.cpp sequences a context has: the state, the question being read, and forks for the label paths past 26
+# options (up to 26 side by side, engine.plan).
+PARALLEL_SEQUENCES = 32
 PROBE_STATE = "Customer asks to reset a forgotten password and says the reset email never arrived."
 PROBE_QUESTION = "Which queue should handle this request?"
 PROBE_OPTIONS = ("Account access and authentication support.", "Billing and payment support.",
@@ -60,21 +63,32 @@ class Readiness:
         return self._done.wait(timeout_s)
 
 
-def engine_options(settings: Settings):
+@dataclass(frozen=True)
+class Experiment:
+    """What the benchmarks vary and no deployment sets: how a job's tokens are grouped into ``llama_decode`` calls
+    (``engine.plan``: exact, or fused) and the wording of the prompt (``decisions.prompt.STYLES``). The server
+    runs the defaults, chosen by measurement (docs/benchmarks.md)."""
+
+    layout: str = "exact"
+    prompt_style: str = DEFAULT_STYLE
+
+
+def engine_options(settings: Settings, experiment: Experiment = Experiment()):
     from .engine.core import EngineOptions  # llama.cpp is loaded only where a real engine is made
 
     return EngineOptions(threads=settings.threads, gpu_layers=settings.gpu_layers, ctx_tokens=settings.ctx_tokens,
-                         batch_tokens=settings.batch_tokens, parallel_sequences=settings.parallel_sequences,
+                         batch_tokens=settings.batch_tokens, parallel_sequences=PARALLEL_SEQUENCES,
                          flash_attention=settings.flash_attention == "on", kv_cache_type=settings.kv_cache_type,
-                         state_cache_bytes=settings.state_cache_mb << 20, layout=settings.layout,
+                         state_cache_bytes=settings.state_cache_mb << 20, layout=experiment.layout,
                          cpu_variant=settings.cpu_variant)
 
 
-def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *,
-                        calibrated: bool = True) -> DecisionModel:
+def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *, calibrated: bool = True,
+                        experiment: Experiment = Experiment()) -> DecisionModel:
     """Verify the GGUF against its manifest (and a calibration.json against both), load it (unless an engine is
     given), start its scheduler and score the probe; ``calibrated=False`` ignores a calibration file (to fit a
-    new one). ``DecisionModel.close()`` stops the scheduler, and frees the engine where it loaded it here."""
+    new one); ``experiment``: a benchmark's layout and prompt style. ``DecisionModel.close()`` stops the scheduler,
+    and frees the engine where it loaded it here."""
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
@@ -82,17 +96,17 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
     if engine is None:
         from .engine.core import Engine
 
-        engine = Engine(str(gguf), engine_options(settings))
+        engine = Engine(str(gguf), engine_options(settings, experiment))
     scheduler = None
     try:
-        layout = prompt_layout(engine, STYLES[settings.prompt_style])
+        layout = prompt_layout(engine, STYLES[experiment.prompt_style])
         calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
                                        permutations=settings.permutations, debias=settings.debias) \
             if calibrated else None
         runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture,
                    "threads": settings.threads, "gpu_layers": settings.gpu_layers,
                    "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
-                   "layout": settings.layout}
+                   "layout": engine.layout}
         scheduler = Scheduler(engine.runner, queue_tokens=settings.queue_tokens)
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,

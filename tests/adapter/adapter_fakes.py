@@ -29,6 +29,7 @@ class FakeEngine:
     train_ctx_tokens = 8192
     max_piece_bytes = 12  # the longest control text
     architecture = "fake"
+    layout = "exact"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
     kernel_info = {"cpu_variant": "fake", "cpu_features": []}
 

@@ -33,7 +33,7 @@ def test_settings_read_the_environment_once_with_types():
     ({"ADAPTER_THREADS": "two"}, "ADAPTER_THREADS='two' is not an integer"),
     ({"ADAPTER_REQUEST_TIMEOUT_S": "soon"}, "ADAPTER_REQUEST_TIMEOUT_S='soon' is not a number"),
     ({"SAGEMAKER_BIND_TO_PORT": "0"}, "SAGEMAKER_BIND_TO_PORT=0 is below its minimum 1"),
-    ({"ADAPTER_PARALLEL_SEQUENCES": "999"}, "ADAPTER_PARALLEL_SEQUENCES=999 is above its maximum 256"),
+    ({"ADAPTER_QUEUE_DEPTH": "99999"}, "ADAPTER_QUEUE_DEPTH=99999 is above its maximum 1024"),
     ({"ADAPTER_FLASH_ATTENTION": "auto"}, "ADAPTER_FLASH_ATTENTION='auto' must be one of off, on"),
     ({"ADAPTER_CTX_TOKENS": "1024", "ADAPTER_MAX_PROMPT_TOKENS": "2048"},
      "ADAPTER_CTX_TOKENS=1024 is smaller than ADAPTER_MAX_PROMPT_TOKENS=2048"),

@@ -44,6 +44,7 @@ class ScoringEngine(Protocol):
     chat_template: str | None
     ctx_tokens: int
     train_ctx_tokens: int
+    layout: str  # how its jobs are laid out (engine.plan): every result's model reports it
 
     @property
     def resident_tokens(self) -> int: ...

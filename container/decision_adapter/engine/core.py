@@ -63,6 +63,11 @@ class Engine:
         return self.model.architecture
 
     @property
+    def layout(self) -> str:
+        """How jobs are laid out in llama_decode calls (``EngineOptions.layout``): what every result reports."""
+        return self.options.layout
+
+    @property
     def versions(self) -> dict[str, str]:
         return versions()
 
