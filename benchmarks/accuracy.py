@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from . import priors
     from decision_adapter.settings import Settings
-    from decision_adapter.startup import load_decision_model
+    from decision_adapter.startup import Experiment, load_decision_model
 
     tasks = load(args.tasks)
     tasks = selected(tasks, args)
@@ -501,9 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         first_scored = None
         section = [t for t in tasks if t.tier in args.order_tiers]
         for i, style in enumerate(args.styles):
-            settings = replace(base, prompt_style=style)
-            model = load_decision_model(settings, calibrated=False)
-            provenance.ran_with(settings)
+            experiment = Experiment(prompt_style=style)
+            model = load_decision_model(base, calibrated=False, experiment=experiment)
+            provenance.ran_with(base, experiment=experiment)
             provenance.kernels_of(model.model_info)
             try:
                 swept = i == 0 and bool(args.orders and args.debias)

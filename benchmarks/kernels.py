@@ -85,7 +85,7 @@ def prompt_tokens(engine, count: int) -> list[int]:
     """The first ``count`` tokens of a support-ticket-like text: the same ids for every build."""
     from .prefill import state_text
 
-    tokens = engine.tokenize(state_text(count * 2))
+    tokens = engine.vocabulary.tokenize(state_text(count * 2))
     if len(tokens) < count:
         raise RuntimeError(f"the text has only {len(tokens)} tokens")
     return tokens[:count]
@@ -100,33 +100,32 @@ def worker(args: argparse.Namespace) -> int:
     from decision_adapter.settings import Settings
     from decision_adapter.startup import engine_options
 
-    # thread_wait: as the parent gave it to this process (OMP_WAIT_POLICY, read when llama.cpp loads), recorded
-    settings = Settings(model_dir=args.model_dir, threads=args.threads, cpu_variant=args.variant, state_cache_mb=0,
-                        thread_wait=args.thread_wait)
+    settings = Settings(model_dir=args.model_dir, threads=args.threads, cpu_variant=args.variant, state_cache_mb=0)
     rows = []
     with Engine(str(find_gguf(settings.model_dir)), engine_options(settings)) as engine:
         for count in args.tokens:
             tokens = prompt_tokens(engine, count)
-            engine.prefill(tokens)  # warm-up: first-use allocations
+            engine.runner.prefill(tokens)  # warm-up: first-use allocations
             seconds, cpu_seconds = [], []
             for _ in range(args.repeats):
                 before = resource.getrusage(resource.RUSAGE_SELF)
-                seconds.append(engine.prefill(tokens)[0])
+                seconds.append(engine.runner.prefill(tokens)[0])
                 after = resource.getrusage(resource.RUSAGE_SELF)
                 cpu_seconds.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             rows.append({"tokens": count, "seconds": seconds, "cpu_seconds": cpu_seconds})
         kernels = engine.kernels
     print(json.dumps({"library": str(Path(llama_cpp.__file__).parent), "variant": kernels.variant,
                       "features": list(kernels.features), "cpu": kernels.cpu, "rows": rows,
-                      "settings": settings_fields(settings)}))
+                      # thread_wait: as the parent gave it to this process (OMP_WAIT_POLICY, read when llama.cpp
+                      # loads)
+                      "settings": {**settings_fields(settings), "thread_wait": args.thread_wait}}))
     return 0
 
 
 def measure(config: dict, args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [config.get("path"), str(REPO),
                                                                        os.environ.get("PYTHONPATH")]))}
-    # OpenMP reads its wait policy when llama.cpp's libraries load: the child gets it in its environment, as serve
-    # sets it (server/serve.py apply_thread_wait).
+    # OpenMP reads its wait policy when llama.cpp's libraries load: the child gets it in its environment.
     env.pop("OMP_WAIT_POLICY", None)
     if args.thread_wait != "openmp":
         env["OMP_WAIT_POLICY"] = args.thread_wait
@@ -146,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[110, 500],
                         help="prompt lengths; 110 is a decision's size on the benchmark model")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--thread-wait", choices=["openmp", "passive", "active"],
-                        help="ADAPTER_THREAD_WAIT, as OMP_WAIT_POLICY, for every configuration (default: the "
-                             "adapter's)")
+    parser.add_argument("--thread-wait", choices=["openmp", "passive", "active"], default="openmp",
+                        help="how llama.cpp's OpenMP threads wait (OMP_WAIT_POLICY), for every configuration "
+                             "(default: OpenMP's own, as the adapter runs)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3, help="timed prefills per prompt in each round")
     parser.add_argument("--builds", nargs="+", choices=["dispatched", *BUILDS], default=["dispatched", *BUILDS])
@@ -159,10 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="auto", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.thread_wait is None:  # the adapter's own default (ADAPTER_THREAD_WAIT)
-        from decision_adapter.settings import Settings
-
-        args.thread_wait = Settings().omp_wait_policy or "openmp"
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # subprocess.run then kills the child measuring
     if args.model_dir is None:
         from .bench_model import ensure

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from decision_adapter.decisions.model_files import embedded_model_dir
     from decision_adapter.protocols.fields import RequestContext
     from decision_adapter.settings import Settings
-    from decision_adapter.startup import load_decision_model
+    from decision_adapter.startup import Experiment, load_decision_model
 
     tasks = selected(load(args.tasks), args)
     model_dir = args.model_dir or str(embedded_model_dir())
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     with Provenance("benchmarks.layout", argv) as provenance:
         try:
             for layout in ("exact", "fused"):
-                settings = replace(base, layout=layout)
-                models[layout] = load_decision_model(settings)
-                provenance.ran_with(settings)
+                experiment = Experiment(layout=layout)
+                models[layout] = load_decision_model(base, experiment=experiment)
+                provenance.ran_with(base, experiment=experiment)
                 provenance.kernels_of(models[layout].model_info)
             for task in tasks:
                 seconds: dict[str, list[float]] = {"exact": [], "fused": []}

@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                 provenance.kernels_of(model.model_info)
                 try:
                     for wanted in args.tokens:
-                        tokens = model.engine.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"),
+                        tokens = model.engine.vocabulary.tokenize(model.render(state_text(wanted), "Which?", ("A", "B"),
                                                                     ("x", "y")))
-                        times = [model.engine.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
+                        times = [model.engine.runner.prefill(tokens, reuse_resident=True) for _ in range(args.rounds)]
                         rows.append({"attention": attention, "batch_tokens": size, "tokens": times[0][1],
                                      "median_s": statistics.median(t for t, _ in times)})
                         print(f"{attention:5s} micro-batch {size:4d}: {times[0][1]:5d} tokens in "

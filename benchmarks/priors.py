@@ -75,6 +75,7 @@ def read_task(model, task: Task, k: int, modes: Sequence[str]) -> dict[str, Any]
     ``prompt_key``), and for each mode the kinds it averages (None: the prior's prompt is the question's own, so
     none is divided out; "refused": the prior's tokens are over the request's budget, so the adapter refuses the
     request); None when the adapter refuses the task itself."""
+    from decision_adapter.decisions.combine import question_rows
     from decision_adapter.decisions.debias import OFF, PRIORS
     from decision_adapter.errors import InputError
 
@@ -82,7 +83,7 @@ def read_task(model, task: Task, k: int, modes: Sequence[str]) -> dict[str, Any]
         item, prepared = prepared_task(model, task, k, OFF)
     except InputError:
         return None
-    answer, _, single = model.question_rows(prepared, model.readouts(prepared), 0, PRIORS[OFF])
+    answer, _, single = question_rows(prepared, model.readouts(prepared), 0, PRIORS[OFF])
     rec: dict[str, Any] = {"names": list(item.names), "single": single, "answer": _rows_json(answer), "priors": {},
                            "prior_rows": {}}
     for mode in modes:
@@ -93,7 +94,7 @@ def read_task(model, task: Task, k: int, modes: Sequence[str]) -> dict[str, Any]
         except InputError:
             rec["priors"][mode] = "refused"
             continue
-        again, prior, _ = model.question_rows(prepared, model.readouts(prepared), 0, PRIORS[mode])
+        again, prior, _ = question_rows(prepared, model.readouts(prepared), 0, PRIORS[mode])
         if _rows_json(again) != rec["answer"]:
             raise AssertionError(f"{task.id}: the answer's readouts moved between modes")
         if not prior:

@@ -43,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOAD_INTERVAL_S = 5.0
 KERNEL_KEYS = ("cpu_variant", "cpu_features")  # what /ping and a result's model say of the kernels
 SECRET = frozenset({"api_key"})  # never written anywhere
-PER_START = frozenset({"port"})  # a free port each server start: says nothing of how it scored
+PER_START = frozenset({"port"})
+EXPERIMENT = ("layout", "prompt_style", "thread_wait")  # what a run sets that no adapter setting holds (ran_with)  # a free port each server start: says nothing of how it scored
 
 
 def command_line(module: str, argv: list[str] | None = None) -> str:
@@ -102,6 +103,12 @@ def settings_fields(settings: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k not in SECRET | PER_START}
 
 
+def wait_policy(environ: Mapping[str, str]) -> str:
+    """How llama.cpp's OpenMP threads wait, as libgomp reads it from the environment: ``openmp`` (its default: spin
+    a while, then sleep), ``passive`` or ``active``."""
+    return (environ.get("OMP_WAIT_POLICY") or "openmp").strip().lower()
+
+
 def merged(records: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
     """One dict for several: a key's value where all agree, else the list of its values in the order first seen;
     and the keys that varied."""
@@ -155,15 +162,25 @@ class Provenance:
 
     # ---- what the benchmark ran with -----------------------------------------------------------
 
-    def ran_with(self, settings: Any = None, *, environ: Mapping[str, str] | None = None) -> None:
+    def ran_with(self, settings: Any = None, *, environ: Mapping[str, str] | None = None,
+                 experiment: Any = None) -> None:
         """The adapter settings a model or server of this run got: a ``Settings`` (or a mapping of its fields), or
         the environment given to a `serve` subprocess, read as `serve` reads it (``Settings.from_env``: typed, and
-        the adapter's defaults for what it does not set)."""
+        the adapter's defaults for what it does not set); with what no setting holds: the benchmark's
+        ``experiment`` (``startup.Experiment``: layout and prompt style; a server runs the defaults) and how
+        OpenMP's threads wait (``OMP_WAIT_POLICY`` in the environment the model loaded with; ``openmp`` when
+        unset)."""
+        from decision_adapter.startup import Experiment
+
         if environ is not None:
             from decision_adapter.settings import Settings
 
             settings = Settings.from_env(environ)
         fields = settings_fields(settings)
+        experiment = experiment or Experiment()
+        fields.setdefault("layout", experiment.layout)
+        fields.setdefault("prompt_style", experiment.prompt_style)
+        fields.setdefault("thread_wait", wait_policy(os.environ if environ is None else environ))
         with self._lock:
             if fields not in self._settings:
                 self._settings.append(fields)
@@ -173,7 +190,7 @@ class Provenance:
         known here, and are recorded as None beside its name, never as the adapter's defaults."""
         from decision_adapter.settings import Settings
 
-        unknown = {name: None for name in Settings.fields() if name not in SECRET | PER_START}
+        unknown = {name: None for name in (*Settings.fields(), *EXPERIMENT) if name not in SECRET | PER_START}
         with self._lock:
             self._settings.append({"endpoint": endpoint, **unknown})
 

@@ -189,8 +189,8 @@ def _one_task(task: Task, ours: JsonEndpoint, chat: JsonEndpoint | None, floor) 
         prepared = _prepare(floor, [task.question], task.state)
         if prepared is not None:
             tokens = prepared.tokens[0]
-            floor_s, prompt_tokens = floor.engine.prefill(tokens)
-            own_floor_s, own_tokens = floor.engine.prefill(tokens, reuse_resident=True)
+            floor_s, prompt_tokens = floor.engine.runner.prefill(tokens)
+            own_floor_s, own_tokens = floor.engine.runner.prefill(tokens, reuse_resident=True)
     return Row(task, ours_outcome, gen_outcome, parse_failure, reply, floor_s, prompt_tokens, own_floor_s, own_tokens,
                cached_tokens, ours_timing, generation_timing)
 

@@ -1,8 +1,7 @@
 """`python -m benchmarks.threads`: decode time alone and while the adapter's own HTTP threads work beside it.
 
-Each configuration (llama.cpp threads, how its OpenMP threads wait: ADAPTER_THREAD_WAIT, and the nice value of the
-HTTP threads: ADAPTER_HTTP_NICE) is a fresh `serve` on
-loopback with the state cache off. A timed client sends decisions one after another, each over a state of about
+Each configuration (llama.cpp threads, and how its OpenMP threads wait between operations: OMP_WAIT_POLICY in the
+server's environment, which libgomp reads when llama.cpp loads) is a fresh `serve` on loopback with the state cache off. A timed client sends decisions one after another, each over a state of about
 ``--state-tokens`` tokens it has not sent before, and reads the engine's own prefill seconds from the answer
 (``timing.prefill``: the `llama_decode` calls of the job, nothing of HTTP). First alone, then while ``--load``
 other clients keep sending what costs the server's HTTP threads the most CPU: a zstd body that decodes to just
@@ -32,7 +31,7 @@ from . import servers
 from .prefill import state_text
 from .provenance import KERNEL_KEYS, Provenance
 
-CONFIGS = ("2:openmp:0", "2:passive:0", "1:openmp:0", "2:openmp:10", "2:passive:10")
+CONFIGS = ("2:openmp", "2:passive", "1:openmp")
 BODY_BYTES = 6 * 1024 * 1024 - 4096
 
 
@@ -72,12 +71,14 @@ def load_client(base: str, body: bytes, stop: threading.Event, counts: list[int]
             counts.append(1)
 
 
-def run_config(model_dir: str, threads: int, wait: str, nice: int, args: argparse.Namespace, body: bytes,
+def run_config(model_dir: str, threads: int, wait: str, args: argparse.Namespace, body: bytes,
                log_dir: Path, provenance: Provenance | None = None) -> dict:
-    os.environ.update({"ADAPTER_THREAD_WAIT": wait, "ADAPTER_HTTP_NICE": str(nice), "ADAPTER_STATE_CACHE_MB": "0"})
+    os.environ["ADAPTER_STATE_CACHE_MB"] = "0"
     os.environ.pop("OMP_WAIT_POLICY", None)
+    if wait != "openmp":  # the server inherits it; its llama.cpp loads with it
+        os.environ["OMP_WAIT_POLICY"] = wait
     alone, loaded, heavy = [], [], []
-    with servers.adapter(model_dir, threads, 0, log_dir / f"threads-{threads}-{wait}-{nice}.log",
+    with servers.adapter(model_dir, threads, 0, log_dir / f"threads-{threads}-{wait}.log",
                          provenance=provenance) as base:
         kernels = {key: value for key, value in servers.ping(base).items() if key in KERNEL_KEYS}
         timed(base, -1, args.state_tokens)  # warm-up
@@ -102,8 +103,8 @@ def run_config(model_dir: str, threads: int, wait: str, nice: int, args: argpars
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.threads", description=__doc__)
     parser.add_argument("--model-dir", help="GGUF folder (default: the embedded SmolLM2 model)")
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), metavar="THREADS:WAIT:NICE",
-                        help="llama.cpp threads, ADAPTER_THREAD_WAIT (openmp, passive, active) and ADAPTER_HTTP_NICE")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), metavar="THREADS:WAIT",
+                        help="llama.cpp threads, and OMP_WAIT_POLICY (openmp: unset, passive, active)")
     parser.add_argument("--state-tokens", type=int, default=300)
     parser.add_argument("--requests", type=int, default=6, help="timed requests per phase and round")
     parser.add_argument("--load", type=int, default=1, help="clients sending heavy bodies during the load phase")
@@ -118,15 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     body = heavy_body()
     log_dir = args.out or Path("benchmark-results")
     log_dir.mkdir(parents=True, exist_ok=True)
-    configs = [(int(t), w, int(n)) for t, w, n in (c.split(":") for c in args.configs)]
-    runs: dict[str, list[dict]] = {f"{t}:{w}:{n}": [] for t, w, n in configs}
+    configs = [(int(t), w) for t, w in (c.split(":") for c in args.configs)]
+    runs: dict[str, list[dict]] = {f"{t}:{w}": [] for t, w in configs}
     # Each run names the kernels its server ran (runs[config][round]["kernels"]).
     with Provenance("benchmarks.threads", argv) as provenance:
         for round_number in range(1, args.rounds + 1):
-            for threads, wait, nice in configs:
-                result = run_config(model_dir, threads, wait, nice, args, body, log_dir, provenance)
-                runs[f"{threads}:{wait}:{nice}"].append(result)
-                print(f"round {round_number} threads {threads} wait {wait:7s} http nice {nice:2d}: prefill alone "
+            for threads, wait in configs:
+                result = run_config(model_dir, threads, wait, args, body, log_dir, provenance)
+                runs[f"{threads}:{wait}"].append(result)
+                print(f"round {round_number} threads {threads} wait {wait:7s}: prefill alone "
                       f"{statistics.median(r['prefill_s'] for r in result['alone']):.3f} s, under load "
                       f"{statistics.median(r['prefill_s'] for r in result['loaded']):.3f} s "
                       f"({result['heavy_requests']} heavy bodies)", flush=True)
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, results in runs.items():
         alone = [r["prefill_s"] for result in results for r in result["alone"]]
         loaded = [r["prefill_s"] for result in results for r in result["loaded"]]
-        threads, wait, nice = name.split(":")
-        rows.append({"config": name, "threads": int(threads), "wait": wait, "http_nice": int(nice),
+        threads, wait = name.split(":")
+        rows.append({"config": name, "threads": int(threads), "wait": wait,
                      "tokens": results[0]["alone"][0]["tokens"], "alone_s": statistics.median(alone),
                      "loaded_s": statistics.median(loaded), "alone_p90_s": _p90(alone), "loaded_p90_s": _p90(loaded),
                      "heavy_per_min": 60 * sum(r["phase_heavy"] for r in results) / sum(r["phase_s"] for r in results),
@@ -162,11 +163,10 @@ def markdown(rows: list[dict], args: argparse.Namespace, command: str, model: st
              f"threads busy with ~6 MiB zstd bodies (decompress, parse, validate, tokenize, refuse); median "
              f"[90th percentile] of {rows[0]['timed_requests']} requests per phase over {args.rounds} interleaved "
              f"rounds. Reproduce: `{command}`", "",
-             "| ADAPTER_THREADS | ADAPTER_THREAD_WAIT | ADAPTER_HTTP_NICE | alone | under load | load / alone | "
-             "heavy bodies / min |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "| ADAPTER_THREADS | OMP_WAIT_POLICY | alone | under load | load / alone | heavy bodies / min |",
+             "|---:|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['threads']} | {r['wait']} | {r['http_nice']} | "
+        lines.append(f"| {r['threads']} | {r['wait']} | "
                      f"{r['alone_s']:.3f} s [{r['alone_p90_s']:.3f}] | "
                      f"{r['loaded_s']:.3f} s [{r['loaded_p90_s']:.3f}] | {r['loaded_s'] / r['alone_s']:.2f}x | "
                      f"{r['heavy_per_min']:.1f} |")

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from .decisions.calibration import FILE_NAME, Calibration, Row, fit, fit_both, nll, out_of_fold
+from .decisions.calibration import FILE_NAME, Calibration, Row, fit_both, nll, out_of_fold
 from .decisions.debias import MODES
 from .errors import InputError
 from .protocols import systemone

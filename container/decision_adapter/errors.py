@@ -47,8 +47,14 @@ def dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def busy(retry_after_s: int) -> ApiError:
-    return ApiError(503, "model is busy; retry the request", headers={"Retry-After": str(retry_after_s)},
+# What a retryable 503 asks a client to wait: the queue turns over within about a second, and a refusal costs the
+# server nothing (it comes before the body is read, or at once from admission).
+RETRY_AFTER_S = 1
+
+
+def busy(message: str | None = None) -> ApiError:
+    """The retryable 503: busy (admission full, work that cannot be done before the deadline) or not ready yet."""
+    return ApiError(503, message or "model is busy; retry the request", headers={"Retry-After": str(RETRY_AFTER_S)},
                     retryable=True)
 
 

@@ -24,12 +24,10 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
 from .decisions.debias import DEFAULT_FLOOR, DEFAULT_MODE, DEFAULT_STRENGTH, MODES
-from .decisions.prompt import DEFAULT_STYLE, STYLES
 
 MIB = 1024 * 1024
 # Cells a prompt's label paths may need beyond the prompt itself: 26 first letters of two-token labels.
 LABEL_PATH_CELLS = 26
-PromptStyleName = Literal[tuple(STYLES)]  # type: ignore[valid-type]
 DebiasModeName = Literal[tuple(MODES)]  # type: ignore[valid-type]
 
 
@@ -86,15 +84,6 @@ class Settings:
                                "a variant's name (x64, haswell, skylakex, icelake, zen4, sapphirerapids, ...) loads "
                                "that one, the same answers bit for bit on every instance type that can run it.",
                                pattern=r"^[a-z0-9_.]+$", max_length=64)
-    thread_wait: Literal["openmp", "passive", "active"] = setting(
-        "ADAPTER_THREAD_WAIT", "openmp", "How llama.cpp's OpenMP threads wait between operations: openmp leaves "
-        "OpenMP's default (spin a while, then sleep: measured fastest alone, 0.448 s against passive's 0.667 s of "
-        "prompt per decision on the benchmark model), passive sleeps at once (yields the cores to the server's own "
-        "threads: 1.88x instead of 2.28x slower beside busy HTTP threads), active spins; an OMP_WAIT_POLICY in the "
-        "environment wins.")
-    http_nice: int = setting("ADAPTER_HTTP_NICE", 0,
-                             "Nice value of the threads that read, parse and tokenize request bodies (0 to 19): "
-                             "above 0 they yield the cores to llama.cpp's threads while a decode runs.", ge=0, le=19)
     gpu_layers: int = setting("ADAPTER_GPU_LAYERS", 0,
                               "Layers to offload to the GPU: 0 = CPU only, -1 = all. Needs a GPU build.",
                               ge=-1, le=100_000)
@@ -104,9 +93,6 @@ class Settings:
     batch_tokens: int = setting("ADAPTER_BATCH_TOKENS", 512,
                                 "Tokens per micro-batch (one llama_decode): a state, and each question, is decoded "
                                 "in micro-batches of this size from its own first token.", ge=16, le=65536)
-    parallel_sequences: int = setting("ADAPTER_PARALLEL_SEQUENCES", 32,
-                                      "llama.cpp sequences: the state, the question being read, and forks for the "
-                                      "label paths past 26 options (up to 26 side by side).", ge=4, le=256)
     flash_attention: Literal["off", "on"] = setting(
         "ADAPTER_FLASH_ATTENTION", "off", "llama.cpp's flash attention. Its CPU kernels accumulate in 16-bit floats "
         "and switch kernels with the micro-batch shape (up to 0.01 in a probability); off computes attention in "
@@ -114,20 +100,11 @@ class Settings:
     kv_cache_type: Literal["f32", "f16"] = setting(
         "ADAPTER_KV_CACHE_TYPE", "f32", "Type of the keys and values kept in memory: f32 (exact attention on the "
         "CPU) or f16 (half the memory; flash attention converts to it anyway).")
-    layout: Literal["exact", "fused"] = setting(
-        "ADAPTER_LAYOUT", "exact", "How a job's tokens are grouped into llama_decode calls. exact: the state, then "
-        "each question from its own first token, so an answer is the same bit for bit alone, beside other "
-        "questions, on a cache hit or miss; fused: the state's last micro-batch and the first question in one "
-        "call (fewer calls on a new state; the answer then moves slightly with the cache and the other questions: "
-        "docs/benchmarks.md, Layout).")
-    prompt_style: PromptStyleName = setting(
-        "ADAPTER_PROMPT_STYLE", DEFAULT_STYLE, "Wording of the decision prompt (decision_adapter/prompt.py); the "
-        "default measured best on the benchmark model. A calibration is bound to one style.")
     permutations: int = setting("ADAPTER_PERMUTATIONS", 1,
                                 "Orderings of the options each decision is scored in and averaged over, unless the "
                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
-                                "make the answer independent of it (measured: 4 with ADAPTER_DEBIAS=empty is the most "
-                                "accurate, for about 2.2x the tokens; docs/benchmarks.md).", ge=1, le=16)
+                                "make the answer independent of it, for about K times the question's tokens "
+                                "(docs/accuracy.md says which to choose).", ge=1, le=16)
     debias: DebiasModeName = setting(
         "ADAPTER_DEBIAS", DEFAULT_MODE, "Content-free calibration of each decision unless the request says (debias, "
         "x_debias): off; a state prior (empty, content-free: the question and options scored with the state "
@@ -186,8 +163,6 @@ class Settings:
                                    "ADAPTER_DEPLOYMENT=transform every request is one unit of work answered within "
                                    "90% of it; /execution-parameters says MULTI_RECORD where a mini-batch of the body "
                                    "limit fills half of that at the measured speed.", ge=1, le=3600)
-    retry_after_s: int = setting("ADAPTER_RETRY_AFTER_S", 1, "Retry-After seconds sent with a busy 503.",
-                                 ge=0, le=3600)
 
     # Access
     api_key: str = setting("ADAPTER_API_KEY", "",
@@ -226,11 +201,6 @@ class Settings:
         """Seconds any request may take from its arrival, as the container is deployed: an endpoint's
         ADAPTER_REQUEST_TIMEOUT_S, or a transform's mini-batch budget."""
         return self.batch_budget_s if self.deployment == "transform" else self.request_timeout_s
-
-    @property
-    def omp_wait_policy(self) -> str | None:
-        """OMP_WAIT_POLICY for llama.cpp's threads (ADAPTER_THREAD_WAIT), or None to leave OpenMP's default."""
-        return None if self.thread_wait == "openmp" else self.thread_wait
 
     @classmethod
     def fields(cls) -> dict[str, Any]:

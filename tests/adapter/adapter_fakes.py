@@ -29,8 +29,18 @@ class FakeEngine:
     train_ctx_tokens = 8192
     max_piece_bytes = 12  # the longest control text
     architecture = "fake"
+    layout = "exact"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
     kernel_info = {"cpu_variant": "fake", "cpu_features": []}
+
+    @property
+    def vocabulary(self) -> "FakeEngine":
+        """The fake is its own vocabulary (``tokenize``, ``piece``, the special texts) and its own runner."""
+        return self
+
+    @property
+    def runner(self) -> "FakeEngine":
+        return self
 
     def __init__(self, model_path: Path, *, on_score: Callable[[], None] | None = None,
                  logits: Callable[[int], list[float]] | None = None):
@@ -146,6 +156,6 @@ def fake_decision_model(engine, max_prompt_tokens: int, max_request_tokens: int,
     from decision_adapter.engine.scheduler import Scheduler
 
     identity = ModelIdentity("fake.gguf", 25, "0" * 64, None, None, False)
-    return DecisionModel(engine, Scheduler(engine, queue_tokens=queue_tokens), identity,
+    return DecisionModel(engine, Scheduler(engine.runner, queue_tokens=queue_tokens), identity,
                          DecisionLimits(max_prompt_tokens=max_prompt_tokens, max_request_tokens=max_request_tokens),
                          runtime or {})

@@ -7,6 +7,7 @@ import json
 import threading
 
 from adapter_fakes import FakeEngine, fake_model_dir
+from decision_adapter.errors import RETRY_AFTER_S
 from decision_adapter.server.app import create_app
 
 BUSY = {"error": "model is busy; retry the request", "retryable": True}
@@ -26,7 +27,7 @@ def test_full_worker_answers_503_before_reading_the_body(app, client, example, s
         response = client.post("/invocations", data=oversized, content_type="application/json")
         assert response.status_code == 503
         assert response.get_json() == BUSY
-        assert response.headers["Retry-After"] == str(settings.retry_after_s)
+        assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
         assert client.get("/ping").status_code == 200, "/ping is never queued behind scoring"
     finally:
         for _ in held:
@@ -64,7 +65,7 @@ def test_work_is_admitted_by_tokens_queued_first_come_first_served(tmp_path, set
         big = {"decision": {**example["decision"], "state": example["decision"]["state"] + " More." * 100}}
         response = post(app.test_client(), big)
         assert response.status_code == 503 and response.get_json() == BUSY
-        assert response.headers["Retry-After"] == str(settings.retry_after_s)
+        assert response.headers["Retry-After"] == str(RETRY_AFTER_S)
         small, small_out = in_background(app, {"decision": {**example["decision"], "id": "small"}})
         small.join(0.3)
         assert small.is_alive(), f"the small request waits behind the running one: {small_out}"

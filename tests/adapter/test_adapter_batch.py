@@ -166,7 +166,7 @@ def test_a_mini_batch_is_one_unit_of_work_with_no_busy_refusal_inside(blocked, e
 def test_on_an_endpoint_a_json_lines_body_is_held_to_the_real_time_deadline(blocked, example):
     """Whatever the body, an endpoint's request has ADAPTER_REQUEST_TIMEOUT_S (not the transform's budget of
     0.9 x 3,600 s): the records that do not fit it get retryable error lines, the request ends within it."""
-    app, engine, _ = blocked(request_timeout_s=1.0, retry_after_s=3)
+    app, engine, _ = blocked(request_timeout_s=1.0)
     engine.on_score = lambda: time.sleep(0.3)
     lines = "\n".join(json.dumps({"decision": {**example["decision"], "id": f"r{i}"}}) for i in range(12))
     response = app.test_client().post("/invocations", data=lines, content_type="application/jsonlines")
@@ -191,7 +191,7 @@ def test_a_one_record_mini_batch_gets_the_transforms_budget(blocked, example, de
 
 
 def test_a_record_past_the_mini_batchs_budget_gets_an_error_record_not_a_refused_batch(blocked, example):
-    app, engine, release = blocked(batch_timeout_s=1, retry_after_s=3, deployment="transform")
+    app, engine, release = blocked(batch_timeout_s=1, deployment="transform")
     engine.on_score = lambda: time.sleep(0.5)  # every record takes half a second of a 0.9 s budget
     lines = "\n".join([json.dumps({"decision": {"id": "x"}})] +
                       [json.dumps({"decision": {**example["decision"], "id": f"r{i}"}}) for i in range(4)])

@@ -109,8 +109,8 @@ def test_a_request_that_can_never_fit_its_deadline_gets_a_400_at_once_and_the_mo
 def test_a_job_that_fails_in_the_executor_fails_only_its_own_request(settings, engine, example):
     app = create_app(dataclasses.replace(settings, state_cache_mb=0), engine)
     model = app.extensions["decision_adapter"].readiness.model
-    poison = engine.tokenize("POISONED")
-    run_step = engine._executor.run_step
+    poison = engine.vocabulary.tokenize("POISONED")
+    run_step = engine.runner._executor.run_step
 
     def failing(step, memory, blobs, outcome):
         tokens = [t for c in getattr(step, "chunks", ()) for t in c.tokens]
@@ -118,7 +118,7 @@ def test_a_job_that_fails_in_the_executor_fails_only_its_own_request(settings, e
             raise RuntimeError("injected failure")
         return run_step(step, memory, blobs, outcome)
 
-    engine._executor.run_step = failing
+    engine.runner._executor.run_step = failing
     try:
         bodies = [example, {"decision": {**example["decision"], "state": "POISONED state"}}, example]
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -128,7 +128,7 @@ def test_a_job_that_fails_in_the_executor_fails_only_its_own_request(settings, e
         assert responses[0].get_json()["result"]["probabilities"] == responses[2].get_json()["result"]["probabilities"]
         assert app.test_client().post("/invocations", json=example).status_code == 200
     finally:
-        engine._executor.run_step = run_step
+        engine.runner._executor.run_step = run_step
     assert model.scheduler.in_flight == 0
 
 

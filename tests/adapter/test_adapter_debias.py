@@ -16,6 +16,7 @@ import pytest
 
 from adapter_fakes import FakeEngine, fake_decision_model, fake_model_dir
 from decision_adapter.decisions.debias import MODES, aligned_mean, compose, floored, normalised
+from decision_adapter.decisions.combine import Defaults
 from decision_adapter.decisions.model import Question
 from decision_adapter.engine.errors import Busy
 from decision_adapter.engine.readout import softmax
@@ -103,7 +104,7 @@ def test_the_prior_is_the_answer_scored_on_content_free_states_then_subtracted_b
     body = decision(debias="content-free", permutations=2, show_prior=True)
     result = client.post("/invocations", json={"decision": body}).get_json()["result"]
     prior, alpha, floor = result["debias"]["prior"], result["debias"]["strength"], result["debias"]["floor"]
-    assert (alpha, floor) == (model.default_strength, model.default_floor)
+    assert (alpha, floor) == (model.defaults.strength, model.defaults.floor)
     assert result["probabilities"] == pytest.approx(softmax(
         [a - alpha * math.log((1 - floor) * p + floor / 3) for a, p in zip(result["option_logits"], prior)]), abs=1e-12)
 
@@ -256,7 +257,7 @@ def fake_question(options=("Refunds.", "Bugs.", "Sales."), **changes) -> Questio
 def test_a_bias_the_state_does_not_change_is_removed_whole(fake_model):
     """The fake prefers the first label by 3 nats whatever the state says: with K = 1 the prior holds the same
     preference, and dividing it out at full strength without a floor leaves the uniform distribution."""
-    fake_model.default_strength, fake_model.default_floor = 1.0, 0.0
+    fake_model.defaults = Defaults(strength=1.0, floor=0.0)
     fake_model.engine.logits = lambda n: [-3.0 * i for i in range(n)]
     [biased] = fake_model.score(fake_model.prepare([fake_question()])).results
     assert biased.probabilities[0] > 0.9 and biased.debias is None
@@ -295,7 +296,7 @@ def test_a_request_is_queued_whole_or_not_at_all(tmp_path):
     engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
     release = threading.Event()
     engine.on_score = lambda: release.wait(30)
-    scheduler = Scheduler(engine, queue_tokens=300)
+    scheduler = Scheduler(engine.runner, queue_tokens=300)
     trie = LabelTrie.build([(1,), (2,)])
     spec = JobSpec((tuple(range(100)),), (trie,), 0, 50)
     plan = plan_job(spec, PlanLimits(batch_tokens=512, cells=10_000, sequences=32))
@@ -388,8 +389,8 @@ def test_a_label_prior_replaces_the_state_and_the_question_and_keeps_the_options
     for k, prompt in zip(job.prompts, job.spec.prompts):
         options = [fake_question().options[j] for j in prepared.orders[k]]
         text = fake_model.layout.question_segment("N/A", fake_model.labels(3), options)
-        assert tuple(prompt) == (fake_model._head_tokens + fake_model._content_free_tokens[""]
-                                 + tuple(fake_model.engine.tokenize(text)) + fake_model._tail_tokens)
+        assert tuple(prompt) == (fake_model.preparer.head_tokens + fake_model.preparer.content_free_tokens[""]
+                                 + tuple(fake_model.engine.vocabulary.tokenize(text)) + fake_model.preparer.tail_tokens)
     # Two questions with the same options share one label prior whatever they ask.
     other = fake_question(question="Who should answer?", debias="label", permutations=2)
     both = fake_model.prepare([fake_question(debias="label", permutations=2), other])

@@ -77,8 +77,10 @@ def test_results_and_ping_name_the_kernels(client, example, engine):
 
 
 def test_a_named_variant_is_loaded_instead_of_the_best(model_dir):
-    code = ("from decision_adapter.engine.core import Engine, EngineOptions; import sys; "
-            "e = Engine(sys.argv[1], EngineOptions(threads=1, cpu_variant='x64')); "
+    code = ("from decision_adapter.engine.core import Engine; from decision_adapter.settings import Settings; "
+            "from decision_adapter.startup import engine_options; import sys; "
+            "e = Engine(sys.argv[1], engine_options(Settings(threads=1, ctx_tokens=1024, max_prompt_tokens=512, "
+            "cpu_variant='x64'))); "
             "print(e.kernels.variant, e.kernels.library, ' '.join(e.kernels.features))")
     from decision_adapter.decisions.model_files import find_gguf
 

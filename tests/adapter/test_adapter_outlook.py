@@ -243,19 +243,20 @@ def test_an_abort_that_lands_before_the_first_step_stops_the_job(settings, engin
     app = create_app(dataclasses.replace(settings, state_cache_mb=0), engine)
     model = app.extensions["decision_adapter"].readiness.model
     prepared = model.prepare([question(LONG_STATE, "Is it urgent?")])
-    begin = engine.begin
+    runner = engine.runner
+    begin = runner.begin
 
     def begin_then_abort(spec, plan=None):
         job = begin(spec, plan)
-        engine.abort()
+        runner.abort()
         return job
 
-    engine.begin = begin_then_abort
+    runner.begin = begin_then_abort
     try:
         with pytest.raises(DeadlineExceeded, match="stopped at its deadline"):
             model.scheduler.result(model.scheduler.submit(prepared.spec, prepared.plan))
     finally:
-        engine.begin = begin
+        runner.begin = begin
     assert model.score(model.prepare([question("Short.", "Is it urgent?")])).results[0].probabilities
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -14,8 +15,11 @@ import pytest
 
 from adapter_fakes import FakeEngine, fake_model_dir
 from decision_adapter.server.app import create_app
-from decision_adapter.engine.core import Engine, EngineOptions, GpuUnavailable, gpu_backend_available
+from decision_adapter.engine.core import Engine
+from decision_adapter.engine.errors import GpuUnavailable
+from decision_adapter.engine.llama_model import gpu_backend_available
 from decision_adapter.decisions.model_files import find_gguf
+from decision_adapter.startup import engine_options
 
 NOT_READY = "model is not ready"
 
@@ -153,18 +157,18 @@ def test_the_real_engine_is_what_the_decision_model_and_the_scheduler_need(engin
     from decision_adapter.decisions.model import ScoringEngine
     from decision_adapter.engine.scheduler import JobRunner
 
-    assert isinstance(engine, ScoringEngine) and isinstance(engine, JobRunner)
+    assert isinstance(engine, ScoringEngine) and isinstance(engine.runner, JobRunner)
 
 
 def test_control_tokens_are_read_from_the_gguf(engine):
-    assert {"<|im_start|>", "<|im_end|>", "<|endoftext|>"} <= set(engine.control_texts)
-    assert "A" not in engine.control_texts
+    assert {"<|im_start|>", "<|im_end|>", "<|endoftext|>"} <= set(engine.vocabulary.control_texts)
+    assert "A" not in engine.vocabulary.control_texts
 
 
 @pytest.mark.skipif(gpu_backend_available(), reason="this llama.cpp build has a GPU backend")
 def test_gpu_layers_without_a_gpu_backend_refuse_to_start(settings):
     with pytest.raises(GpuUnavailable, match="ADAPTER_GPU_LAYERS=-1 asks for GPU offload"):
-        Engine(str(find_gguf(settings.model_dir)), EngineOptions(threads=1, gpu_layers=-1))
+        Engine(str(find_gguf(settings.model_dir)), engine_options(dataclasses.replace(settings, threads=1, gpu_layers=-1)))
 
     env = {**os.environ, "ADAPTER_MODEL_DIR": settings.model_dir, "ADAPTER_GPU_LAYERS": "-1",
            "SAGEMAKER_BIND_TO_PORT": "1"}
@@ -193,7 +197,7 @@ def test_closing_the_engine_under_a_running_decode_waits_for_its_step_and_later_
     from decision_adapter.engine.errors import EngineError, ScoringFailed
     from decision_adapter.protocols import decision_schema
     from decision_adapter.protocols.fields import RequestContext
-    from decision_adapter.startup import engine_options, load_decision_model
+    from decision_adapter.startup import load_decision_model
 
     quiet = dataclasses.replace(settings, state_cache_mb=0)
     engine = Engine(str(find_gguf(settings.model_dir)), engine_options(quiet))

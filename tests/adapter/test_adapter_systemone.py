@@ -78,12 +78,12 @@ def test_a_long_state_of_several_micro_batches_leaves_answers_independent_of_the
     """A state of several micro-batches: the same answer bit for bit alone and beside others, and
     the state is evaluated once."""
     state = " ".join(f"Line {i}: the customer reports problem number {i} with order {1000 + i}." for i in range(70))
-    assert len(engine.tokenize(state)) > 2 * engine.batch_tokens
+    assert len(engine.vocabulary.tokenize(state)) > 2 * engine.limits.batch_tokens
     alone = {qid: ask(client, {qid: q}, state=state).get_json()["answers"][qid]
              for qid, q in (("refund", NOUL), ("team", CHOICE))}
     together = ask(client, {"team": CHOICE, "refund": NOUL}, state=state).get_json()
     assert together["answers"] == alone
-    assert together["x_evaluated_tokens"] < together["usage"]["input_tokens"] - len(engine.tokenize(state))
+    assert together["x_evaluated_tokens"] < together["usage"]["input_tokens"] - len(engine.vocabulary.tokenize(state))
 
 
 def test_questions_share_the_state_prefix(client):

@@ -33,7 +33,7 @@ def test_settings_read_the_environment_once_with_types():
     ({"ADAPTER_THREADS": "two"}, "ADAPTER_THREADS='two' is not an integer"),
     ({"ADAPTER_REQUEST_TIMEOUT_S": "soon"}, "ADAPTER_REQUEST_TIMEOUT_S='soon' is not a number"),
     ({"SAGEMAKER_BIND_TO_PORT": "0"}, "SAGEMAKER_BIND_TO_PORT=0 is below its minimum 1"),
-    ({"ADAPTER_PARALLEL_SEQUENCES": "999"}, "ADAPTER_PARALLEL_SEQUENCES=999 is above its maximum 256"),
+    ({"ADAPTER_QUEUE_DEPTH": "99999"}, "ADAPTER_QUEUE_DEPTH=99999 is above its maximum 1024"),
     ({"ADAPTER_FLASH_ATTENTION": "auto"}, "ADAPTER_FLASH_ATTENTION='auto' must be one of off, on"),
     ({"ADAPTER_CTX_TOKENS": "1024", "ADAPTER_MAX_PROMPT_TOKENS": "2048"},
      "ADAPTER_CTX_TOKENS=1024 is smaller than ADAPTER_MAX_PROMPT_TOKENS=2048"),
@@ -176,7 +176,7 @@ def test_the_fake_engine_is_what_the_decision_model_and_the_scheduler_need(fake_
     from decision_adapter.decisions.model import JobScheduler, ScoringEngine
     from decision_adapter.engine.scheduler import JobRunner
 
-    assert isinstance(fake_model.engine, ScoringEngine) and isinstance(fake_model.engine, JobRunner)
+    assert isinstance(fake_model.engine, ScoringEngine) and isinstance(fake_model.engine.runner, JobRunner)
     assert isinstance(fake_model.scheduler, JobScheduler)
 
 
@@ -226,8 +226,8 @@ def test_the_state_span_runs_from_the_head_to_the_question_heading_whatever_the_
     alone = fake_model.prepare([question(state="the state", text="Which team?")])
     together = fake_model.prepare([question(state="the state", text=t) for t in ("Which team?", "Which language?")])
     engine = fake_model.engine
-    head = len(engine.tokenize(fake_model.layout.head, special=True, bos=True))
-    end = head + len(engine.tokenize("the state" + "\n\nQuestion:\n"))
+    head = len(engine.vocabulary.tokenize(fake_model.layout.head, special=True, bos=True))
+    end = head + len(engine.vocabulary.tokenize("the state" + "\n\nQuestion:\n"))
     assert alone.state == together.state == (head, end) and head == engine.resident_tokens
     assert common_prefix(together.tokens) > end, "the questions share 'Which ' beyond the state"
     fake_model.score(together)

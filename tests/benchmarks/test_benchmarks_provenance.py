@@ -58,13 +58,23 @@ def test_a_server_environment_is_read_as_serve_reads_it_and_the_key_never_writte
 
 
 def test_settings_that_differ_between_the_models_of_a_run_are_listed_and_named():
+    from decision_adapter.startup import Experiment
+
     base = Settings(model_dir="/models/m", threads=2)
     with Provenance("benchmarks.layout", []) as run:
         for layout in ("exact", "fused", "exact"):
-            run.ran_with(Settings(**{**{f: getattr(base, f) for f in Settings.fields()}, "layout": layout}))
+            run.ran_with(base, experiment=Experiment(layout=layout))
     record = run.record()
     assert record["settings"]["layout"] == ["exact", "fused"] and record["varied"] == ["layout"]
-    assert record["settings"]["threads"] == 2
+    assert record["settings"]["threads"] == 2 and record["settings"]["prompt_style"] == "lean"
+
+
+def test_the_wait_policy_is_what_the_environment_gave_openmp():
+    with Provenance("benchmarks.threads", []) as run:
+        run.ran_with(environ={"ADAPTER_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"})
+        run.ran_with(environ={"ADAPTER_THREADS": "2"})
+    record = run.record()
+    assert record["settings"]["thread_wait"] == ["passive", "openmp"] and record["varied"] == ["thread_wait"]
 
 
 def test_a_decision_endpoint_started_elsewhere_has_unknown_settings_not_the_defaults():

@@ -212,14 +212,15 @@ def test_the_kernels_benchmark_forces_each_variant_of_the_dispatched_build(tmp_p
 
 
 def test_the_threads_benchmark_times_a_decode_alone_and_beside_busy_http_threads(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "benchmarks.threads", "--configs", "2:passive:0", "--rounds", "1",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.threads", "--configs", "2:passive", "--rounds", "1",
                            "--requests", "2", "--state-tokens", "100", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     record = json.loads((tmp_path / "threads.json").read_text())
     [row] = record["rows"]
     assert_traceable(record, kernels=False, threads=2)
-    assert record["runs"]["2:passive:0"][0]["kernels"]["cpu_variant"]
-    assert row["threads"] == 2 and row["wait"] == "passive" and row["http_nice"] == 0
+    assert record["runs"]["2:passive"][0]["kernels"]["cpu_variant"]
+    assert row["threads"] == 2 and row["wait"] == "passive"
+    assert record["provenance"]["settings"]["thread_wait"] == "passive", "the wait policy the server loaded with"
     table = (tmp_path / "threads.md").read_text()
-    assert "| 2 | passive | 0 | " in table
+    assert "| 2 | passive | " in table

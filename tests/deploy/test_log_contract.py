@@ -123,17 +123,17 @@ def _cause_each_event(settings, real_engine, capfd) -> list[str]:
             admission.leave()
     assert busy.status_code == 503 and busy.json["retryable"] is True
     # 3. A failure inside scoring: the engine's executor raises while this request is scored.
-    run_step = real_engine._executor.run_step
+    run_step = real_engine.runner._executor.run_step
 
     def failing(step, memory, blobs, outcome):
         raise RuntimeError("injected failure")
 
-    real_engine._executor.run_step = failing
+    real_engine.runner._executor.run_step = failing
     try:
         poisoned = {"decision": {**EXAMPLE["decision"], "state": "A state no cache has seen."}}
         failed = client.post("/invocations", json=poisoned, headers={"X-Request-Id": "failed"})
     finally:
-        real_engine._executor.run_step = run_step
+        real_engine.runner._executor.run_step = run_step
     assert failed.status_code == 500 and failed.json == {"error": "scoring failed"}
     app.extensions["decision_adapter"].close()  # its scheduler; the engine is the module's
 

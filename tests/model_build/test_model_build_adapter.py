@@ -43,10 +43,12 @@ def served_prompt_version() -> str:
     style, the payload layout (what `python -m decision_adapter.calibrate` writes into calibration.json)."""
     from decision_adapter.decisions.model import prompt_layout
     from decision_adapter.decisions.prompt import DEFAULT_STYLE, STYLES
-    from decision_adapter.engine.core import Engine, EngineOptions
+    from decision_adapter.engine.core import Engine
+    from decision_adapter.startup import engine_options
 
     gguf = model_files.find_gguf(model_files.embedded_model_dir())
-    with Engine(str(gguf), EngineOptions(threads=1, ctx_tokens=512, state_cache_bytes=0)) as engine:
+    options = engine_options(Settings(threads=1, ctx_tokens=1024, max_prompt_tokens=512, state_cache_mb=0))
+    with Engine(str(gguf), options) as engine:
         return prompt_layout(engine, STYLES[DEFAULT_STYLE]).version
 
 

@@ -22,7 +22,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from itertools import islice
 from typing import Any, Sequence
 
 import jinja2
@@ -99,6 +98,10 @@ DEFAULT_INSTRUCTIONS = {
     "score": "Which level fits the state best?",
 }
 NOUL_OPTIONS = ("Yes", "No")
+
+
+class ModelIncompatible(RuntimeError):
+    """The model cannot serve decisions (its template, its labels, its probe); raised at start-up."""
 
 
 class TemplateError(ValueError):

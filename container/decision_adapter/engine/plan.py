@@ -155,96 +155,119 @@ def chunked(seq: int, tokens: Sequence[int], pos: int, size: int, read: Read | N
 
 
 def plan_job(spec: JobSpec, limits: Limits) -> Plan:
+    """The steps of ``spec`` under ``limits``: the state's (restored, or decoded and saved), then each prompt's
+    not already answered (forked from the state, its own tokens, its label paths); PlanError if its peak memory
+    is over the context's cells."""
     if not spec.prompts or len(spec.prompts) != len(spec.tries):
         raise ValueError("one label trie per prompt is needed")
     shortest = min(len(p) for p in spec.prompts)
     if not 0 <= spec.head <= spec.state_end < shortest:
         raise ValueError(f"the shared prefix ({spec.head} head, {spec.state_end} in all) must leave every "
                          f"prompt at least one token of its own (shortest prompt: {shortest} tokens)")
-    snapshot = limits.fork_by == "snapshot"
-    steps: list[Step] = []
+    planner = _Planner(spec, limits)
     todo = [i for i in range(len(spec.prompts)) if i not in spec.answered]
-    shared = cached = 0
-    live: dict[int, int] = {}  # cells each live sequence holds on its own
-    peak = 0
-
-    def hold(seq: int, cells: int) -> None:
-        nonlocal peak
-        live[seq] = live.get(seq, 0) + cells
-        peak = max(peak, sum(live.values()))
-
-    own = [0] * len(spec.prompts)
-    readout = 0
-    paths_seqs = 0
     if todo:
-        first = spec.prompts[todo[0]]
-        fused_first = None  # the prompt whose own tokens share the state's last micro-batch (fused layout)
-        if spec.state_cached and spec.state_key is not None:
-            steps.append(Restore(STATE_SEQ, spec.state_key, spec.state_end))
-            hold(STATE_SEQ, spec.state_end)
-            cached = spec.state_end - spec.head
-        else:
-            if spec.head:
-                steps.append(Restore(STATE_SEQ, HEAD_BLOB, spec.head))
-                hold(STATE_SEQ, spec.head)
-            if spec.state_end > spec.head:
-                state = chunked(STATE_SEQ, first[spec.head:spec.state_end], spec.head, limits.batch_tokens, None)
-                suffix = first[spec.state_end:]
-                last = state[-1].chunks[0]
-                if limits.fused and len(last.tokens) + len(suffix) <= limits.batch_tokens:
-                    # One llama_decode for the state's last micro-batch and the first prompt's own tokens: the
-                    # state's tokens belong to the state and to the prompt, the prompt's to the prompt alone.
-                    fused_first = todo[0]
-                    steps += state[:-1]
-                    steps.append(Fork(STATE_SEQ, PROMPT_SEQ))
-                    hold(PROMPT_SEQ, spec.state_end if snapshot else 0)
-                    steps.append(Decode((Chunk(STATE_SEQ, last.pos, last.tokens, None, also=(PROMPT_SEQ,)),
-                                         Chunk(PROMPT_SEQ, spec.state_end, suffix,
-                                               Read(fused_first, (), spec.tries[fused_first].children[()])))))
-                    hold(PROMPT_SEQ, len(suffix))
-                    own[fused_first] = len(suffix)
-                else:
-                    steps += state
-                hold(STATE_SEQ, spec.state_end - spec.head)
-                shared = spec.state_end - spec.head
-                if spec.state_key is not None:
-                    steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end))
+        fused_first = planner.state_steps(todo[0])
         for i in todo:
-            prompt, trie = spec.prompts[i], spec.tries[i]
-            if i != fused_first:
-                steps.append(Fork(STATE_SEQ, PROMPT_SEQ))
-                hold(PROMPT_SEQ, spec.state_end if snapshot else 0)
-                suffix = prompt[spec.state_end:]
-                steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens,
-                                 Read(i, (), trie.children[()]))
-                hold(PROMPT_SEQ, len(suffix))
-                own[i] = len(suffix)
-            paths = trie.inner_nodes
-            room = limits.sequences - FIRST_PATH_SEQ
-            if paths and room < 1:
-                raise PlanError(f"labels of several tokens need at least {FIRST_PATH_SEQ + 1} sequences")
-            for group in _groups(paths, room, limits.batch_tokens):
-                seqs = tuple(range(FIRST_PATH_SEQ, FIRST_PATH_SEQ + len(group)))
-                paths_seqs = max(paths_seqs, len(group))
-                chunks = []
-                for seq, path in zip(seqs, group):
-                    steps.append(Fork(PROMPT_SEQ, seq))
-                    hold(seq, len(prompt) if snapshot else 0)
-                    chunks.append(Chunk(seq, len(prompt), path, Read(i, path, trie.children[path])))
-                    hold(seq, len(path))
-                    readout += len(path)
-                steps.append(Decode(tuple(chunks)))
-                steps.append(Release(seqs))
-                for seq in seqs:
-                    live.pop(seq)
-            steps.append(Release((PROMPT_SEQ,)))
-            live.pop(PROMPT_SEQ)
-        steps.append(Release((STATE_SEQ,)))
-    if peak > limits.cells:
-        raise PlanError(f"needs {peak} memory cells at its peak, over the {limits.cells} the model's context "
+            planner.prompt_steps(i, own_decoded=i == fused_first)
+        planner.steps.append(Release((STATE_SEQ,)))
+    if planner.peak > limits.cells:
+        raise PlanError(f"needs {planner.peak} memory cells at its peak, over the {limits.cells} the model's context "
                         f"has (ADAPTER_CTX_TOKENS)")
-    used = FIRST_PATH_SEQ + paths_seqs if paths_seqs else (PROMPT_SEQ + 1 if todo else 0)
-    return Plan(tuple(steps), peak, used, shared, cached, tuple(own), readout)
+    used = FIRST_PATH_SEQ + planner.paths_seqs if planner.paths_seqs else (PROMPT_SEQ + 1 if todo else 0)
+    return Plan(tuple(planner.steps), planner.peak, used, planner.shared, planner.cached, tuple(planner.own),
+                planner.readout)
+
+
+class _Planner:
+    """The steps of one plan as they are laid out, and the memory each live sequence holds meanwhile."""
+
+    def __init__(self, spec: JobSpec, limits: Limits):
+        self.spec, self.limits = spec, limits
+        self.snapshot = limits.fork_by == "snapshot"  # a fork holds a copy of its source's cells
+        self.steps: list[Step] = []
+        self.live: dict[int, int] = {}  # cells each live sequence holds on its own
+        self.peak = 0
+        self.shared = self.cached = self.readout = self.paths_seqs = 0
+        self.own = [0] * len(spec.prompts)
+
+    def hold(self, seq: int, cells: int) -> None:
+        self.live[seq] = self.live.get(seq, 0) + cells
+        self.peak = max(self.peak, sum(self.live.values()))
+
+    def fork(self, src: int, dst: int, cells: int) -> None:
+        self.steps.append(Fork(src, dst))
+        self.hold(dst, cells if self.snapshot else 0)
+
+    def state_steps(self, first: int) -> int | None:
+        """Sequence 0 holding head and state: restored from the cache, or the head restored and the state decoded
+        (and saved). Returns the prompt whose own tokens went into the state's last micro-batch (the fused
+        layout), if any."""
+        spec, limits = self.spec, self.limits
+        if spec.state_cached and spec.state_key is not None:
+            self.steps.append(Restore(STATE_SEQ, spec.state_key, spec.state_end))
+            self.hold(STATE_SEQ, spec.state_end)
+            self.cached = spec.state_end - spec.head
+            return None
+        if spec.head:
+            self.steps.append(Restore(STATE_SEQ, HEAD_BLOB, spec.head))
+            self.hold(STATE_SEQ, spec.head)
+        if spec.state_end == spec.head:
+            return None
+        prompt = spec.prompts[first]
+        state = chunked(STATE_SEQ, prompt[spec.head:spec.state_end], spec.head, limits.batch_tokens, None)
+        suffix = prompt[spec.state_end:]
+        last = state[-1].chunks[0]
+        fused = limits.fused and len(last.tokens) + len(suffix) <= limits.batch_tokens
+        if fused:
+            # One llama_decode for the state's last micro-batch and the first prompt's own tokens: the state's
+            # tokens belong to the state and to the prompt, the prompt's to the prompt alone.
+            self.steps += state[:-1]
+            self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
+            self.steps.append(Decode((Chunk(STATE_SEQ, last.pos, last.tokens, None, also=(PROMPT_SEQ,)),
+                                      Chunk(PROMPT_SEQ, spec.state_end, suffix,
+                                            Read(first, (), spec.tries[first].children[()])))))
+            self.hold(PROMPT_SEQ, len(suffix))
+            self.own[first] = len(suffix)
+        else:
+            self.steps += state
+        self.hold(STATE_SEQ, spec.state_end - spec.head)
+        self.shared = spec.state_end - spec.head
+        if spec.state_key is not None:
+            self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end))
+        return first if fused else None
+
+    def prompt_steps(self, i: int, *, own_decoded: bool) -> None:
+        """Prompt ``i``: forked from the state, its own tokens decoded from their first (unless the fused state's
+        decode held them already), then its label paths side by side on forks of it, each group released."""
+        spec, limits = self.spec, self.limits
+        prompt, trie = spec.prompts[i], spec.tries[i]
+        if not own_decoded:
+            self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
+            suffix = prompt[spec.state_end:]
+            self.steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens,
+                                  Read(i, (), trie.children[()]))
+            self.hold(PROMPT_SEQ, len(suffix))
+            self.own[i] = len(suffix)
+        paths = trie.inner_nodes
+        room = limits.sequences - FIRST_PATH_SEQ
+        if paths and room < 1:
+            raise PlanError(f"labels of several tokens need at least {FIRST_PATH_SEQ + 1} sequences")
+        for group in _groups(paths, room, limits.batch_tokens):
+            seqs = tuple(range(FIRST_PATH_SEQ, FIRST_PATH_SEQ + len(group)))
+            self.paths_seqs = max(self.paths_seqs, len(group))
+            chunks = []
+            for seq, path in zip(seqs, group):
+                self.fork(PROMPT_SEQ, seq, len(prompt))
+                chunks.append(Chunk(seq, len(prompt), path, Read(i, path, trie.children[path])))
+                self.hold(seq, len(path))
+                self.readout += len(path)
+            self.steps.append(Decode(tuple(chunks)))
+            self.steps.append(Release(seqs))
+            for seq in seqs:
+                self.live.pop(seq)
+        self.steps.append(Release((PROMPT_SEQ,)))
+        self.live.pop(PROMPT_SEQ)
 
 
 def _groups(paths: list[tuple[int, ...]], seqs: int, batch_tokens: int) -> list[list[tuple[int, ...]]]:

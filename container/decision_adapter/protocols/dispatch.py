@@ -1,9 +1,10 @@
 """The dispatch of a body to its protocol.
 
-A protocol is its answer function and its error renderer. ``answer(body, call)`` validates the body, prepares it
-on ``call.model`` and scores it through ``call.score`` (the server's: the request's deadline and admission), and
+A protocol is its answer function, its error renderer and its response headers. ``answer(body, call)`` validates
+the body, prepares it on ``call.model`` and scores it through ``call.score`` (within the request's budget), and
 returns an ``Answer``: the payload, the headers and the fields of the request's log line. ``render(failure)`` is
-the protocol's own error body and status for a ``Failure`` the server classified.
+the protocol's own error body and status for a ``Failure`` the server classified. ``headers(request_id)`` are
+what every response of the protocol carries, success or error (System One's ``x-typesafe-request-id``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ class Protocol(NamedTuple):
     name: str
     answer: Callable[[Any, Call], Answer]
     render: Callable[[Failure], tuple[dict[str, Any], int]]
+    headers: Callable[[str], dict[str, str]]
 
 
-DECISIONS = Protocol("decisions", decision_schema.answer, decision_schema.render)
-SYSTEM_ONE = Protocol("systemone", systemone.answer_request, systemone.render)
+DECISIONS = Protocol("decisions", decision_schema.answer, decision_schema.render, lambda request_id: {})
+SYSTEM_ONE = Protocol("systemone", systemone.answer_request, systemone.render, systemone.response_headers)
 
 
 def protocol_of(body: Any) -> Protocol:

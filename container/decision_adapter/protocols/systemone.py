@@ -10,7 +10,6 @@ with pydantic's own errors, located from ``"body"`` (``["body", "questions", "te
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -263,6 +262,11 @@ def answer_request(body: Any, call: Call) -> Answer:
         payload["x_prior_tokens"] = answered.prior_tokens
         log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
     return Answer(payload, log=log)
+
+
+def response_headers(request_id: str) -> dict[str, str]:
+    """What every System One response carries, success or error, as TypeSafe's servers send it."""
+    return {"x-typesafe-request-id": request_id}
 
 
 def render(failure: Failure) -> tuple[dict[str, Any], int]:

@@ -9,19 +9,17 @@ is chosen (404, and 405 with its ``Allow`` header), in the shape of the blueprin
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 import uuid
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, request
 
 from ..settings import Settings
 from ..startup import Readiness, load_into
 from . import sagemaker, systemone
 from .admission import Admission
-from .calls import arrived
+from .inflight import begin, current_request
 from .logs import log_request
 from .state import EXTENSION, AdapterState
 
@@ -44,19 +42,17 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
 
     @app.before_request
     def start() -> None:
-        arrived()
-        yield_to_the_model(settings.http_nice)
-        g.request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-        g.log = {}
+        """The request arrives: its deadline counts from here, before its body is read."""
+        begin(request.headers.get("X-Request-Id") or uuid.uuid4().hex)
 
     @app.after_request
     def log_it(response: Response) -> Response:
-        response.headers["X-Request-Id"] = g.get("request_id", "")
-        if request.endpoint != "sagemaker.ping":
-            log_request({"request_id": g.get("request_id"), "method": request.method, "path": request.path,
-                         "status": response.status_code,
-                         "total_s": round(time.perf_counter() - g.get("started", time.perf_counter()), 6),
-                         **g.get("log", {})})
+        in_flight = current_request()
+        response.headers["X-Request-Id"] = in_flight.request_id if in_flight else ""
+        if request.endpoint != "sagemaker.ping" and in_flight is not None:
+            log_request({"request_id": in_flight.request_id, "method": request.method, "path": request.path,
+                         "status": response.status_code, "total_s": round(time.perf_counter() - in_flight.started, 6),
+                         **in_flight.log})
         return response
 
     @app.errorhandler(Exception)
@@ -65,19 +61,6 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
         return _owner(request.path).render_error(exc)
 
     return app
-
-
-_niced = threading.local()
-
-
-def yield_to_the_model(nice: int) -> None:
-    """Give the thread handling this request the nice value ``nice`` (ADAPTER_HTTP_NICE), once per thread: what it
-    does with a body (decompress, parse, validate, tokenize) then takes the cores only when llama.cpp's threads, at
-    nice 0, leave them (Linux: nice is per thread). An unprivileged thread cannot lower it again, so it is raised
-    only, and never on the thread that starts the scheduler (the model loader is its own thread)."""
-    if nice > 0 and getattr(_niced, "value", 0) < nice:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        _niced.value = nice
 
 
 def _owner(path: str):

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
+from ..protocols.call import Budget
 from ..protocols.dispatch import protocol_of
 from ..settings import MIB, Settings
 from . import bodies
-from .calls import Budget, call
-from .errors import classify
-from .logs import add_log_fields
+from .calls import answer_object
 
 # MULTI_RECORD is chosen where a full mini-batch fills at most this share of its budget at the measured speed:
 # records longer than the probe's, and a slower machine than at start-up, have the rest.
@@ -80,15 +79,12 @@ def answer_lines(records: list[tuple[int, bytes]], budget: Budget) -> list[dict[
         except InputError as exc:
             out.append({"error": f"line {number}: {exc}", "status": 400})
             continue
-        try:
-            answer = protocol.answer(obj, call(budget))
-        except Exception as exc:  # noqa: BLE001 - classified in one place, written as this record's error
-            failure = classify(exc)
-            payload, status = protocol.render(failure)
-            if "error" in payload:
-                payload = {**payload, "error": f"line {number}: {payload['error']}"}
-            out.append({**payload, "status": status})
+        reply = answer_object(obj, protocol, budget)  # as a real-time body is answered
+        if reply.status == 200:
+            out.append(reply.payload)
             continue
-        add_log_fields(answer.log)
-        out.append(answer.payload)
+        payload = reply.payload
+        if "error" in payload:
+            payload = {**payload, "error": f"line {number}: {payload['error']}"}
+        out.append({**payload, "status": reply.status})
     return out

@@ -1,74 +1,60 @@
-"""The call a protocol's answer is computed in, for the request being handled.
+"""Answering one request object (a body, or one record of a batch) in its protocol, within the request's budget.
 
-Scoring goes through the model's scheduler under a budget set by how the container is deployed, not by the body
-(``request_budget``): on an endpoint (``ADAPTER_DEPLOYMENT=realtime``) every request, a JSON-lines one too, has
-``ADAPTER_REQUEST_TIMEOUT_S`` from its arrival and the token budget; in a Batch Transform job every request is a
-mini-batch with 90% of ``ADAPTER_BATCH_TIMEOUT_S`` and no token budget (it is alone). A full queue, work that
-cannot be done before the deadline, or a passed deadline becomes the retryable busy 503; work that can never be
-done within the budget, a 400 from the decision model; a failure inside the engine a 500 ``scoring failed``
-whose cause goes to the log (one line the ScoringFailures metric counts), never to the client.
+The budget is set by how the container is deployed, not by the body (``request_budget``): on an endpoint
+(``ADAPTER_DEPLOYMENT=realtime``) every request, a JSON-lines one too, has ``ADAPTER_REQUEST_TIMEOUT_S`` from its
+arrival and the token budget; in a Batch Transform job every request is a mini-batch with 90% of
+``ADAPTER_BATCH_TIMEOUT_S`` and no token budget (it is alone). ``answer_object`` is the one function that answers
+a request object, for the real-time routes and for each record of a batch alike: the protocol's answer, or its
+error in the protocol's shape (classified once, ``errors.classify``), with the protocol's headers.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from typing import Any
 
-from flask import g
-
-from ..decisions.model import Answered, Prepared
-from ..engine.errors import Busy, DeadlineExceeded, ScoringFailed, TooSlow
-from ..errors import ApiError, busy
-from ..protocols.call import Call
+from ..protocols.call import Budget, Call
+from ..protocols.dispatch import Protocol
 from ..protocols.fields import RequestContext
-from .logs import log_scoring_failed
+from .errors import classify
+from .inflight import current_request
 from .state import current
-
-
-def arrived() -> None:
-    """Mark the request's arrival (before its body is read): its deadline counts from here."""
-    g.started = time.perf_counter()
-    g.arrived = time.monotonic()
-
-
-@dataclass(frozen=True)
-class Budget:
-    """What one request may take: its deadline (``time.monotonic()``), the span of that deadline from arrival
-    (what any request may take here), and whether the token budget admits it."""
-
-    deadline: float
-    allowed_s: float
-    by_tokens: bool
-
-    @property
-    def spent(self) -> bool:
-        return time.monotonic() >= self.deadline
 
 
 def request_budget() -> Budget:
     """The budget of the current request, as the container is deployed (see the module's text)."""
     settings = current().settings
     span = settings.request_budget_s
-    return Budget(g.arrived + span, span, by_tokens=settings.deployment == "realtime")
+    return Budget(current_request().arrived + span, span, by_tokens=settings.deployment == "realtime")
 
 
 def call(budget: Budget) -> Call:
     """The call context of the current request within ``budget`` (its model must be ready: the gate checked it)."""
     state = current()
     model = state.readiness.model
-    settings = state.settings
+    return Call(model=model, budget=budget, started=current_request().started,
+                context=RequestContext.of(model, state.settings.max_decisions))
 
-    def score(prepared: Prepared) -> Answered:
-        try:
-            return model.score(prepared, budget.deadline, by_tokens=budget.by_tokens, allowed_s=budget.allowed_s)
-        except TooSlow as exc:
-            raise ApiError(503, f"model is busy; retry the request: {exc}",
-                           headers={"Retry-After": str(settings.retry_after_s)}, retryable=True) from None
-        except (Busy, DeadlineExceeded):
-            raise busy(settings.retry_after_s) from None
-        except ScoringFailed as exc:
-            log_scoring_failed({"request_id": g.get("request_id"), "cause": str(exc)})
-            raise ApiError(500, "scoring failed") from None
 
-    return Call(model=model, score=score, started=g.started,
-                context=RequestContext.of(model, settings.max_decisions))
+@dataclass(frozen=True)
+class Reply:
+    """A request object's answer or error: its body, its status and the headers its protocol sends."""
+
+    payload: dict[str, Any]
+    status: int
+    headers: dict[str, str]
+
+
+def answer_object(obj: Any, protocol: Protocol, budget: Budget) -> Reply:
+    """``obj`` answered in ``protocol`` within ``budget``: 200 and the answer (whose log fields join the
+    request's log line), or the error the classifier makes of whatever was raised, in the protocol's shape."""
+    request = current_request()
+    headers = protocol.headers(request.request_id)
+    try:
+        answer = protocol.answer(obj, call(budget))
+    except Exception as exc:  # noqa: BLE001 - classified in one place, rendered in the object's protocol
+        failure = classify(exc)
+        payload, status = protocol.render(failure)
+        return Reply(payload, status, {**failure.headers, **headers})
+    request.add_log_fields(answer.log)
+    return Reply(answer.payload, 200, {**answer.headers, **headers})

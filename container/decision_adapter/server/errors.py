@@ -2,8 +2,11 @@
 
 Input errors (the request's fields, pydantic's or the decision model's) are ``input``; HTTP errors that routing
 raises (404, 405 with its ``Allow``), refusals (busy, not ready, limits, auth) are ``refused`` with their
-status, headers and whether to retry; anything else is an ``internal`` 500 whose traceback goes to the log,
-never to the client.
+status, headers and whether to retry. What the engine raises while a request is scored is classified here too,
+once: a full queue or a passed deadline is the retryable busy 503 (work that cannot be done before the deadline
+says why); a failure inside the engine is a 500 ``scoring failed`` whose cause goes to the log (one line the
+ScoringFailures metric counts), never to the client. Anything else is an ``internal`` 500 whose traceback goes to
+the log.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from flask import Response, g
+from flask import Response
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
-from ..errors import ApiError, Failure, InputError
+from ..engine.errors import Busy, DeadlineExceeded, ScoringFailed, TooSlow
+from ..errors import ApiError, Failure, InputError, busy
 from .http import json_response
+from .inflight import current_request
+from .logs import log_scoring_failed
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +36,14 @@ def classify(exc: Exception) -> Failure:
     if isinstance(exc, ApiError):
         kind = "internal" if exc.status >= 500 and not exc.retryable else "refused"
         return Failure(exc.status, exc.message, kind, dict(exc.headers), exc.retryable, exc)
-    log.error("unhandled error", exc_info=exc, extra={"fields": {"request_id": g.get("request_id")}})
+    if isinstance(exc, (Busy, DeadlineExceeded)):  # a full queue, no time left: the same request may pass later
+        return classify(busy(f"model is busy; retry the request: {exc}" if isinstance(exc, TooSlow) else None))
+    request = current_request()
+    request_id = request.request_id if request is not None else None
+    if isinstance(exc, ScoringFailed):
+        log_scoring_failed({"request_id": request_id, "cause": str(exc)})
+        return Failure(500, "scoring failed", "internal", cause=exc)
+    log.error("unhandled error", exc_info=exc, extra={"fields": {"request_id": request_id}})
     return Failure(500, "internal error", "internal", cause=exc)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hmac
 
-from flask import Blueprint, g, request
+from flask import Blueprint, request
 
 from ..errors import ApiError, busy
+from .inflight import current_request
 from .state import current
 
 
@@ -29,8 +30,7 @@ def authenticate() -> None:
 def require_model() -> None:
     state = current()
     if state.readiness.state != "ready":
-        raise ApiError(503, f"model is not ready: {state.readiness.reason}",
-                       headers={"Retry-After": str(state.settings.retry_after_s)}, retryable=True)
+        raise busy(f"model is not ready: {state.readiness.reason}")
 
 
 def enter() -> None:
@@ -39,14 +39,15 @@ def enter() -> None:
     require_model()
     state = current()
     if not state.admission.try_enter():
-        raise busy(state.settings.retry_after_s)
-    g.admitted = True
+        raise busy()
+    current_request().admitted = True
 
 
 def leave(_exc: BaseException | None = None) -> None:
-    if g.get("admitted"):
+    request_state = current_request()
+    if request_state is not None and request_state.admitted:
         current().admission.leave()
-        g.admitted = False
+        request_state.admitted = False
 
 
 def install(blueprint: Blueprint, *, scoring_endpoint: str, guard_others: bool) -> None:

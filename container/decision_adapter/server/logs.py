@@ -1,5 +1,5 @@
 """Structured logs: one JSON object per line, so CloudWatch Logs Insights can query every field; the request's
-log line and its fields."""
+log line and the scoring-failure line, each defined in ``metric_logs``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import logging
 import sys
 import time
 from typing import Any
-
-from flask import g
 
 from ..metric_logs import REQUEST, SCORING_FAILED
 
@@ -50,12 +48,3 @@ def log_scoring_failed(fields: dict[str, Any]) -> None:
     ScoringFailures metric counts this line (metric_logs); an update rolls back on its alarm."""
     SCORING_FAILED.log(fields)
 
-
-def add_log_fields(fields: dict[str, Any]) -> None:
-    """Add an answer's fields to the request's log line; numbers add up over the records of a batch."""
-    line = g.setdefault("log", {})
-    for key, value in fields.items():
-        previous = line.get(key)
-        if isinstance(value, (int, float)) and isinstance(previous, (int, float)):
-            value = round(previous + value, 6) if isinstance(value, float) else previous + value
-        line[key] = value

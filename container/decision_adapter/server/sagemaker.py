@@ -3,10 +3,10 @@
 ``/invocations`` reads one JSON body, or records one per line (``application/jsonlines``, or
 ``application/json`` holding several objects one per line, as Batch Transform sends with SplitType=Line
 and BatchStrategy=MultiRecord), and dispatches each on its keys (``protocols.dispatch``): ``decision``/
-``decisions`` to the decision schema, ``questions`` to System One, answered and refused in System One's shape.
-Errors on these routes are ``{"error": "<message naming the field>"}``, plus ``"retryable": true`` on
-transient ones. A body of records is answered record by record by ``batch``; its budget, like every request's,
-is the deployment's (``calls.request_budget``), whatever the body.
+``decisions`` to the decision schema, ``questions`` to System One, answered and refused in System One's shape
+(``calls.answer_object``). Errors on these routes are ``{"error": "<message naming the field>"}``, plus
+``"retryable": true`` on transient ones. A body of records is answered record by record by ``batch``; its budget,
+like every request's, is the deployment's (``calls.request_budget``), whatever the body.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from flask import Blueprint, Response, request
 
 from ..errors import ApiError
 from ..protocols import decision_schema, openapi
-from ..protocols.dispatch import SYSTEM_ONE, protocol_of
+from ..protocols.dispatch import protocol_of
 from . import batch, bodies, gate
-from .calls import call, request_budget
+from .calls import answer_object, request_budget
 from .errors import respond
 from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_body
-from .logs import add_log_fields
 from .state import current
-from .systemone import request_id_header
 
 blueprint = Blueprint("sagemaker", __name__)
 KERNEL_KEYS = ("cpu_variant", "cpu_features")
@@ -76,12 +74,5 @@ def invocations() -> Response:
     if parsed.records is not None:
         results = batch.answer_lines(parsed.records, budget)
         return Response("\n".join(bodies.dumps(r) for r in results) + "\n", 200, mimetype="application/jsonlines")
-    obj = parsed.value
-    protocol = protocol_of(obj)
-    headers = request_id_header() if protocol is SYSTEM_ONE else {}
-    try:
-        answer = protocol.answer(obj, call(budget))
-    except Exception as exc:  # noqa: BLE001 - rendered in the body's own protocol, classified in one place
-        return respond(protocol.render, exc, headers)
-    add_log_fields(answer.log)
-    return json_response(answer.payload, 200, {**answer.headers, **headers})
+    reply = answer_object(parsed.value, protocol_of(parsed.value), budget)
+    return json_response(reply.payload, reply.status, reply.headers)

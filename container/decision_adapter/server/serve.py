@@ -8,8 +8,6 @@ backend. Each worker then loads its own model in the background while /ping answ
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import signal
 import sys
 
@@ -30,7 +28,7 @@ def preflight(settings: Settings) -> None:
     except ModelFilesError as exc:
         raise PreflightError(str(exc)) from None
     try:
-        from ..engine.core import check_gpu_layers
+        from ..engine.llama_model import check_gpu_layers
         from ..engine.errors import BackendUnavailable, GpuUnavailable
     except (ImportError, OSError, RuntimeError) as exc:
         raise PreflightError(f"llama-cpp-python cannot load its native library: {exc}") from None
@@ -87,20 +85,8 @@ def _drain_on_sigterm(worker) -> None:
     signal.signal(signal.SIGTERM, drain)
 
 
-def apply_thread_wait(settings: Settings) -> None:
-    """ADAPTER_THREAD_WAIT as OMP_WAIT_POLICY (unless the environment sets that itself). libgomp reads it once, when
-    it loads with llama.cpp's libraries at ``import llama_cpp``, so this runs before anything imports the engine; the
-    gunicorn worker inherits it."""
-    if "llama_cpp" in sys.modules:  # too late: OpenMP keeps what it read
-        logging.getLogger(__name__).warning("ADAPTER_THREAD_WAIT not applied: llama.cpp was loaded before")
-        return
-    if settings.omp_wait_policy and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = settings.omp_wait_policy
-
-
 def run(settings: Settings) -> None:
     logs.configure(settings.log_level)
-    apply_thread_wait(settings)
     preflight(settings)
     _Gunicorn(settings).run()
 

@@ -8,22 +8,24 @@ from __future__ import annotations
 import os
 import time
 
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Response, request
 
 from ..errors import ApiError
 from ..protocols import systemone
+from ..protocols.dispatch import SYSTEM_ONE
 from . import bodies, gate
-from .calls import call, request_budget
+from .calls import answer_object, request_budget
 from .errors import respond
 from .http import JSON_TYPES, json_response, media_type, read_body
-from .logs import add_log_fields
+from .inflight import current_request
 from .state import current
 
 blueprint = Blueprint("systemone", __name__, url_prefix="/v1")
 
 
 def request_id_header() -> dict[str, str]:
-    return {"x-typesafe-request-id": g.get("request_id", "")}
+    request = current_request()
+    return SYSTEM_ONE.headers(request.request_id if request is not None else "")
 
 
 def render_error(exc: Exception) -> Response:
@@ -41,9 +43,8 @@ def systemone_route() -> Response:
     if kind and kind not in JSON_TYPES:
         raise ApiError(415, f"Content-Type must be application/json (got {request.content_type})")
     budget = request_budget()
-    answer = systemone.answer_request(bodies.parse_json(read_body()), call(budget))
-    add_log_fields(answer.log)
-    return json_response(answer.payload, 200, {**answer.headers, **request_id_header()})
+    reply = answer_object(bodies.parse_json(read_body()), SYSTEM_ONE, budget)
+    return json_response(reply.payload, reply.status, reply.headers)
 
 
 @blueprint.get("/models")

@@ -1,0 +1,291 @@
+"""Preparing a request: its questions rendered, tokenized, held to the budgets and planned, before any evaluation.
+
+Every prompt is head + state + question + tail: the head and the tail are the template's own text (their special
+tokens parsed), tokenized once at load; the state and each question in each ordering of its options are the
+request's, tokenized as text, each on its own so that a boundary never depends on the other questions. A text is
+sized from its bytes before it is tokenized (no token spells more than the vocabulary's longest piece), so a
+prompt over the limit is refused in bounded time and memory. Each question's debias mode and ordering count are
+resolved here once and carried on ``Prepared``; a question whose mode has a prior gets the prior's prompts (the
+state, and for a label prior the question too, replaced by content-free text) in a job of their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from ..engine.errors import PlanError
+from ..engine.plan import JobSpec, Plan
+from ..engine.readout import LabelTrie
+from ..errors import InputError, Loc
+from .debias import PRIORS, DebiasMode, content_free
+from .labels import PAIRED, SINGLE
+from .prompt import DIGITS, ModelIncompatible, PromptLayout, state_segment
+
+
+class Tokenizer(Protocol):
+    max_piece_bytes: int
+
+    def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes: ...
+
+
+def orderings(keys: Sequence[str], k: int) -> list[tuple[int, ...]]:
+    """The orderings a question is scored in, as option indices: the request's order for k = 1; for k >= 2 the
+    canonical order (by key, then by position) and k evenly spaced cyclic shifts of it, so that the orderings,
+    and with them the answer, depend on the option set alone. k is capped at the number of options."""
+    n = len(keys)
+    if k <= 1:
+        return [tuple(range(n))]
+    canonical = sorted(range(n), key=lambda i: (keys[i], i))
+    k = min(k, n)
+    return [tuple(canonical[(j + (step * n) // k) % n] for j in range(n)) for step in range(k)]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_tokens: int
+    max_request_tokens: int
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question as the model will read it; ``loc`` names it in error messages."""
+
+    loc: Loc
+    state: str
+    question: str
+    options: tuple[str, ...]
+    option_locs: tuple[Loc, ...]
+    state_loc: Loc
+    question_loc: Loc
+    option_keys: tuple[str, ...] = ()  # what orders the options canonically: ids or names (default: the texts)
+    permutations: int | None = None  # orderings averaged: 1 is the request's order; None: the server's default
+    kind: str | None = None  # noul, choice or score (System One); the calibration is per kind
+    debias: str | None = None  # a name in debias.PRIORS (requests: MODES); None: the server's default (ADAPTER_DEBIAS)
+    show_prior: bool = False  # the answer reports the prior's own distribution
+
+
+@dataclass(frozen=True)
+class PriorJob:
+    """The prompts of one content-free state (and, for a label prior, one replacement of the question) for every
+    question of a request whose debias mode averages it: each is the request's prompt (options, ordering, labels,
+    and for a state prior the question) with the state replaced; and their job."""
+
+    state: str
+    prompts: tuple[int, ...]  # for each of its prompts, the index of the request's prompt it stands for
+    spec: JobSpec
+    plan: Plan
+    question: str | None = None  # the question's replacement (a label prior); None: the question kept
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.state, self.question
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request rendered, tokenized and planned: one prompt per ordering of each question's options, and the
+    job that scores them (``spec``, with ``plan``, its plan as if nothing were cached)."""
+
+    questions: tuple[Question, ...]
+    tokens: tuple[tuple[int, ...], ...]
+    request_tokens: int  # what the plans decode when nothing is cached: the state once, each prompt's own, priors
+    state: tuple[int, int]  # the span of tokens every prompt has whatever its question: its state
+    tries: tuple[LabelTrie, ...]
+    orders: tuple[tuple[int, ...], ...]  # for each prompt, the option (request index) shown at each position
+    owners: tuple[int, ...]  # for each prompt, the index of its question
+    digests: tuple[str, ...]  # for each question, the SHA-256 of its rendered prompts (NUL between orderings)
+    spec: JobSpec
+    plan: Plan
+    modes: tuple[DebiasMode, ...]  # for each question, its debias mode (its own, or the server's default)
+    permutations: tuple[int, ...]  # for each question, the orderings it asked for (its own, or the default)
+    priors: tuple[PriorJob, ...] = ()  # the content-free priors' jobs, one per content-free prompt kind
+    # The questions with a state prior whose state carries no content (an empty state, N/A, ...:
+    # ``debias.content_free``): the prior's prompt would be (nearly) their own, and their content sits in the
+    # question. No prior is scored for them, and they are answered as with debias off.
+    no_prior: frozenset[int] = frozenset()
+    loc: Loc = ()  # where errors about the request as a whole point (the decision, or the decisions)
+
+    def prompts_of(self, question: int) -> list[int]:
+        """The indices of question ``question``'s prompts (one per ordering)."""
+        return [k for k, owner in enumerate(self.owners) if owner == question]
+
+
+def label_tokens(tokenizer: Tokenizer, layout: PromptLayout, tail_tokens: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """Each label's tokens where the answer begins (after the tail), checked at start-up: appending a label keeps
+    the tail's tokens, the label's tokens spell it exactly, single labels are one token each, and no label's
+    tokens are a prefix of another's; ModelIncompatible otherwise."""
+    base = list(tail_tokens)
+    found: dict[str, tuple[int, ...]] = {}
+    digits = DIGITS if layout.style.score_digits else ()
+    for label in SINGLE + PAIRED + digits:
+        tokens = tokenizer.tokenize(layout.tail + label, special=True)
+        if tokens[:len(base)] != base:
+            raise ModelIncompatible(f"appending the answer label {label!r} changes how the prompt tokenizes")
+        own = tuple(tokens[len(base):])
+        spelled = b"".join(tokenizer.piece(t) for t in own).decode("utf-8", "replace")
+        if spelled != label:
+            raise ModelIncompatible(f"the answer label {label!r} does not round-trip (tokens spell {spelled!r})")
+        if (label in SINGLE or label in digits) and len(own) != 1:
+            raise ModelIncompatible(f"the answer label {label!r} is {len(own)} tokens, not one")
+        found[label] = own
+    for labels in (SINGLE, PAIRED, digits) if digits else (SINGLE, PAIRED):
+        try:
+            LabelTrie.build(found[label] for label in labels)
+        except ValueError as exc:
+            raise ModelIncompatible(f"answer labels {labels[0]}..{labels[-1]}: {exc}") from None
+    return found
+
+
+class _Budget:
+    """The tokens a request makes the model evaluate, counted as its prompts are tokenized: over the request
+    limit, the request is refused at once."""
+
+    def __init__(self, limit: int, where: Loc):
+        self.limit, self.where, self.tokens = limit, where, 0
+
+    def add(self, tokens: int, *, check: bool = True) -> None:
+        self.tokens += tokens
+        if check and self.tokens > self.limit:
+            raise InputError(self.where, f"needs at least {self.tokens} tokens of evaluation, over the request "
+                             f"limit of {self.limit}", kind="value_error.request_too_long")
+
+
+class Preparer:
+    """Turns a request's questions into a ``Prepared``, or an ``InputError`` naming the field over a limit."""
+
+    def __init__(self, engine: Any, tokenizer: Tokenizer, layout: PromptLayout, limits: Limits, *,
+                 default_permutations: int, default_debias: DebiasMode):
+        self.engine = engine  # job_spec and plan (decisions.model.ScoringEngine)
+        self.tokenizer = tokenizer
+        self.layout = layout
+        self.limits = limits
+        self.default_permutations = default_permutations
+        self.default_debias = default_debias
+        self.head_tokens = tuple(tokenizer.tokenize(layout.head, special=True, bos=True))
+        self.tail_tokens = tuple(tokenizer.tokenize(layout.tail, special=True))
+        # The content-free states the priors put in place of the state (debias.PRIORS): fixed text, tokenized once.
+        self.content_free_tokens = {text: tuple(tokenizer.tokenize(state_segment(text)))
+                                    for mode in PRIORS.values() for text in mode.states}
+        self.ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
+        self.label_tokens = label_tokens(tokenizer, layout, self.tail_tokens)
+        self._tries: dict[tuple[str, ...], LabelTrie] = {}
+
+    def labels(self, n_options: int, kind: str | None = None) -> tuple[str, ...]:
+        return self.layout.style.labels(n_options, kind)
+
+    def trie(self, n_options: int, kind: str | None = None) -> LabelTrie:
+        labels = self.labels(n_options, kind)
+        if labels not in self._tries:
+            self._tries[labels] = LabelTrie.build(self.label_tokens[label] for label in labels)
+        return self._tries[labels]
+
+    def debias_mode(self, question: Question) -> DebiasMode:
+        return PRIORS[question.debias] if question.debias is not None else self.default_debias
+
+    def prepare(self, questions: Sequence[Question]) -> Prepared:
+        """Tokenize and plan the questions over their one state, stopping at the first over a limit: the state
+        is sized from its bytes, tokenized once, then each question's prompt in each ordering on its own. The text
+        is validated already (the protocols refuse the model's special tokens where they parse it)."""
+        if len({q.state for q in questions}) != 1:
+            raise ValueError("the questions of one request share one state")
+        first = questions[0]
+        where = first.loc[:-1] if len(questions) > 1 else first.loc
+        head, tail = self.head_tokens, self.tail_tokens
+        state_text = state_segment(first.state)
+        self._bound(first.loc, state_text, self.ceiling - len(head) - len(tail) - 1)  # and 1 question token
+        state = tuple(self.tokenizer.tokenize(state_text))
+        if len(head) + len(state) + len(tail) + 1 > self.ceiling:
+            raise self._too_long(first.loc, f"a prompt of more than {len(head) + len(state) + len(tail)} tokens")
+        budget = _Budget(self.limits.max_request_tokens, where)
+        budget.add(len(state))  # the head is resident: never decoded for a request
+        fixed = tuple(t.encode("utf-8") for t in (self.layout.head, state_text, self.layout.tail))
+        tokens, tries, orders, owners, digests = [], [], [], [], []
+        permutations = tuple(q.permutations or self.default_permutations for q in questions)
+        for i, q in enumerate(questions):
+            digest = hashlib.sha256()
+            for k, order in enumerate(orderings(q.option_keys or q.options, permutations[i])):
+                text = self.layout.question_segment(q.question, self.labels(len(order), q.kind),
+                                                    [q.options[j] for j in order])
+                self._bound(q.loc, text, self.ceiling - len(head) - len(state) - len(tail))
+                own = tuple(self.tokenizer.tokenize(text)) + tail
+                if len(head) + len(state) + len(own) > self.ceiling:
+                    raise self._too_long(q.loc, f"a prompt of {len(head) + len(state) + len(own)} tokens")
+                trie = self.trie(len(order), q.kind)
+                budget.add(len(own) + sum(len(path) for path in trie.inner_nodes))
+                tokens.append(head + state + own)
+                tries.append(trie)
+                orders.append(order)
+                owners.append(i)
+                digest.update(b"\0" if k else b"")
+                for part in (fixed[0], fixed[1], text.encode("utf-8"), fixed[2]):
+                    digest.update(part)
+            digests.append(digest.hexdigest())
+        span = (len(head), len(head) + len(state))
+        spec = self.engine.job_spec(tokens, tries, span)
+        plan = self._plan(where, spec)
+        modes = tuple(self.debias_mode(q) for q in questions)
+        priors, no_prior = self._priors(questions, modes, tokens, tries, orders, owners, span, where, budget)
+        return Prepared(tuple(questions), tuple(tokens), budget.tokens, span, tuple(tries), tuple(orders),
+                        tuple(owners), tuple(digests), spec, plan, modes, permutations, tuple(priors),
+                        frozenset(no_prior), where)
+
+    def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], tokens: list[tuple[int, ...]],
+                tries: list[LabelTrie], orders: list[tuple[int, ...]], owners: list[int], span: tuple[int, int],
+                where: Loc, budget: _Budget) -> tuple[list[PriorJob], set[int]]:
+        """The prior jobs: each content-free prompt kind once, with the prompts (options, ordering, tail, and for a
+        state prior the question) of every question whose mode averages it; and the questions with a state prior
+        whose state carries no content (none is scored for them: ``Prepared.no_prior``). Their tokens go into the
+        budget as if none were cached, so that what is refused never depends on the cache."""
+        head, tail = self.head_tokens, self.tail_tokens
+        members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
+        no_prior: set[int] = set()
+        for i, (q, mode) in enumerate(zip(questions, modes)):
+            if not mode.active:
+                continue
+            if mode.question is None and content_free(q.state):
+                no_prior.add(i)
+                continue
+            mine = [k for k, owner in enumerate(owners) if owner == i]
+            if mode.question is None:  # a state prior: the question's own tokens after the state
+                own = {k: tokens[k][span[1]:] for k in mine}
+            else:  # a label prior: the question replaced, the options in each ordering kept
+                own = {k: tuple(self.tokenizer.tokenize(self.layout.question_segment(
+                    mode.question, self.labels(len(orders[k]), q.kind), [q.options[j] for j in orders[k]]))) + tail
+                    for k in mine}
+            for text in mode.states:
+                members.setdefault((text, mode.question), []).extend(
+                    (k, head + self.content_free_tokens[text] + own[k]) for k in mine)
+        priors = []
+        for (text, question_text), rows in members.items():
+            free = self.content_free_tokens[text]
+            budget.add(len(free), check=False)
+            for k, prompt in rows:
+                if len(prompt) > self.ceiling:
+                    raise self._too_long(questions[owners[k]].loc, f"a prior prompt of {len(prompt)} tokens")
+                budget.add(len(prompt) - len(head) - len(free) + sum(len(path) for path in tries[k].inner_nodes))
+            prior_spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows],
+                                              (len(head), len(head) + len(free)))
+            priors.append(PriorJob(text, tuple(k for k, _ in rows), prior_spec, self._plan(where, prior_spec),
+                                   question_text))
+        return priors, no_prior
+
+    def _plan(self, where: Loc, spec: JobSpec) -> Plan:
+        try:
+            return self.engine.plan(spec)
+        except PlanError as exc:
+            raise InputError(where, str(exc), kind="value_error.request_too_large") from None
+
+    def _bound(self, loc: Loc, text: str, room: int) -> None:
+        """Refuse ``text`` without tokenizing it when its bytes alone prove it longer than ``room`` tokens."""
+        at_least = -(-len(text.encode("utf-8")) // self.tokenizer.max_piece_bytes)
+        if at_least > room:
+            raise self._too_long(loc, f"a prompt of more than {self.ceiling} tokens (this text alone is at least "
+                                 f"{at_least})")
+
+    def _too_long(self, loc: Loc, what: str) -> InputError:
+        return InputError(loc, f"renders to {what}, over the limit of {self.ceiling}",
+                          kind="value_error.prompt_too_long")

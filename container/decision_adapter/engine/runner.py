@@ -1,0 +1,224 @@
+"""The runner: everything that decodes on the one llama.cpp context, under its lock.
+
+It keeps the fixed head of every prompt resident (decoded once, saved, restored at the start of each job), runs a
+scoring job as the scheduler thread asks (``begin`` looks the cache up and plans, ``step`` runs one step through
+the ``Executor`` against the ``Memory``, ``finish`` reads the scores out and caches them), stops a decode in
+progress from any thread (``abort``), and times a bare prefill for the benchmarks' floor. It is the scheduler's
+``JobRunner``. Whoever steps jobs holds ``lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from .cache import PrefixCache, tokens_key
+from .errors import EngineError, RestoreFailed, ScoringFailed
+from .executor import Executor, Outcome
+from .llama_model import LlamaModel
+from .memory import Blob, Memory
+from .outlook import foreseen_plan
+from .plan import HEAD_BLOB, STATE_SEQ, Decode, JobSpec, Limits, Plan, Save, chunked, plan_job
+from .readout import PromptScore, ScoreStats, common_prefix, prompt_score
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """Everything one scoring job owns: its plan, the saved sequences it restores, what it has read so far.
+    Nothing of a job is kept on the runner, so jobs never see each other's state."""
+
+    spec: JobSpec
+    plan: Plan
+    blobs: dict[str | bytes, Blob]
+    answered: dict[int, PromptScore]  # prompts answered from the cache
+    answer_keys: tuple[bytes, ...]
+    outcome: Outcome = field(default_factory=Outcome)
+    next: int = 0  # index of the next step
+    restarts: int = 0
+    held: tuple[bytes, ...] = ()  # cache entries this job holds (released when it ends)
+    decoded_tokens: int = 0  # tokens of the decode steps run so far (what the speed is measured on)
+
+    @property
+    def done(self) -> bool:
+        return self.next >= len(self.plan.steps)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the job decodes: what it costs the model."""
+        return self.plan.tokens
+
+    def restart(self, plan: Plan) -> None:
+        self.plan, self.outcome, self.next = plan, Outcome(), 0
+        self.spec = replace(self.spec, state_cached=False)
+        self.restarts += 1
+
+
+def answer_keys(spec: JobSpec) -> tuple[bytes, ...]:
+    """Where each prompt's answer is cached: the spec's own keys, or the digests of its prompts and labels."""
+    return spec.answer_keys or tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+
+
+class Runner:
+    def __init__(self, model: LlamaModel, limits: Limits, cache: PrefixCache):
+        self.lock = threading.Lock()
+        self.limits = limits
+        self.cache = cache
+        self._memory = Memory(model.ctx, model.fork_by)
+        self._executor: Executor | None = Executor(model.ctx, model.n_vocab, limits.batch_tokens)
+        self.head: tuple[int, ...] = ()
+        self._head_blob: Blob | None = None
+
+    # ---- the resident head ---------------------------------------------------------------------
+
+    def keep_resident(self, tokens: Sequence[int]) -> None:
+        """Evaluate the fixed head of every prompt once and keep it saved; every job starts from it."""
+        with self.lock:
+            self.head, self._head_blob = (), None
+            if tokens:
+                self._memory.reset()
+                self._executor.abort.clear()  # no job runs while the lock is held: a stop left over is stale
+                for step in chunked(STATE_SEQ, tokens, 0, self.limits.batch_tokens, None):
+                    self._executor.decode(step, {})
+                self._head_blob = self._memory.save(STATE_SEQ)
+                self._memory.reset()
+            self.head = tuple(tokens)
+
+    # ---- jobs (the scheduler's JobRunner) ------------------------------------------------------
+
+    def foresee(self, spec: JobSpec, plan: Plan, ahead: frozenset[bytes]) -> Plan:
+        """The plan ``spec`` will run when it starts, given what the cache holds now and the entries the jobs
+        ahead of it (``ahead``) will leave there (``outlook``)."""
+        return foreseen_plan(spec, plan, self.limits, lambda key: key in ahead or key in self.cache)
+
+    def begin(self, spec: JobSpec, plan: Plan | None = None) -> Job:
+        """A job for ``spec``, as the cache stands when it starts: the answers and the state it already holds,
+        and its plan (``plan``, the uncached plan of ``spec``, is used as it is when the cache holds nothing
+        for the job). The scheduler thread calls this as the job starts, so that requests queued over one new
+        state decode it once. The state it restores is held in the cache until the job ends."""
+        if self._executor is None:
+            raise ScoringFailed("the engine is closed")
+        keys = answer_keys(spec)
+        answered = {i: a for i, key in enumerate(keys) if (a := self.cache.get(key)) is not None}
+        blobs: dict[str | bytes, Blob] = {HEAD_BLOB: self._head_blob} if self._head_blob is not None else {}
+        held: tuple[bytes, ...] = ()
+        cached_state = None
+        if spec.state_key is not None and len(answered) < len(spec.prompts):
+            cached_state = self.cache.acquire(spec.state_key)
+        if cached_state is not None:
+            blobs[spec.state_key] = cached_state
+            held = (spec.state_key,)
+        if answered or cached_state is not None or plan is None:
+            spec = replace(spec, state_cached=cached_state is not None, answered=frozenset(answered))
+            plan = plan_job(spec, self.limits)
+        return Job(spec, plan, blobs, answered, keys, held=held)
+
+    def step(self, job: Job) -> bool:
+        """Run the job's next step; False once every step has run. Only the thread that owns the context calls
+        this: a job starts from empty memory and leaves it empty, so jobs run one after another. A state the job
+        saves goes into the cache at once, so that it outlives the job if the job is dropped later."""
+        if job.next == 0:
+            self._memory.reset()
+        if job.next < len(job.plan.steps):
+            step = job.plan.steps[job.next]
+            try:
+                self._executor.run_step(step, self._memory, job.blobs, job.outcome)
+            except RestoreFailed:
+                self._restore_failed(job, step)
+                return True
+            except BaseException:
+                self.abandon(job)
+                raise
+            if isinstance(step, Save):
+                self.cache.put(step.key, job.outcome.saved.pop(step.key))
+            elif isinstance(step, Decode):
+                job.decoded_tokens += step.tokens
+            job.next += 1
+        if job.next == len(job.plan.steps):
+            self._memory.reset()
+            return False
+        return True
+
+    def _restore_failed(self, job: Job, step) -> None:
+        """A cached state that llama.cpp refuses is dropped and the job decoded again from the head, once; the
+        head itself, or a second refusal, fails the job (a plan that restarts forever would never end)."""
+        if step.blob == HEAD_BLOB or job.restarts:
+            self.abandon(job)
+            raise EngineError("llama.cpp refused the saved head" if step.blob == HEAD_BLOB
+                              else "llama.cpp refused a saved sequence twice")
+        log.warning("a cached state could not be restored; decoding it again")
+        self._release(job)
+        self.cache.discard(job.spec.state_key)
+        job.blobs.pop(job.spec.state_key, None)
+        job.restart(plan_job(replace(job.spec, state_cached=False), self.limits))
+
+    def abort(self) -> None:
+        """Stop the ``llama_decode`` running now, or the next one (any thread): the job's deadline passed."""
+        if self._executor is not None:
+            self._executor.abort.set()
+
+    def reset_abort(self) -> None:
+        """Clear a stop left over from an earlier job. The scheduler calls this before it makes a job the running
+        one, so that an abort aimed at that job, however early it lands, is never cleared."""
+        if self._executor is not None:
+            self._executor.abort.clear()
+
+    def abandon(self, job: Job) -> None:
+        """Drop a job part way (a deadline, a failure): its memory is freed for the next one; the state it saved
+        stays cached."""
+        job.next = len(job.plan.steps)
+        self._release(job)
+        self._memory.reset()
+
+    def _release(self, job: Job) -> None:
+        for key in job.held:
+            self.cache.release(key)
+        job.held = ()
+
+    def finish(self, job: Job) -> tuple[list[PromptScore], ScoreStats]:
+        """The job's scores and stats once every step has run; its answers go into the cache."""
+        self._release(job)
+        spec, plan, outcome = job.spec, job.plan, job.outcome
+        scores = []
+        for i, trie in enumerate(spec.tries):
+            if i in job.answered:
+                scores.append(job.answered[i])
+                continue
+            score = prompt_score(trie, {node: read for (p, node), read in outcome.reads.items() if p == i})
+            self.cache.put(job.answer_keys[i], score)
+            scores.append(score)
+        cached = plan.cached_tokens + sum(len(spec.prompts[i]) - spec.head for i in job.answered)
+        stats = ScoreStats(resident_tokens=spec.head, shared_tokens=plan.shared_tokens, cached_tokens=cached,
+                           own_tokens=plan.own_tokens, readout_tokens=plan.readout_tokens,
+                           prefill_s=outcome.prefill_s, readout_s=outcome.readout_s)
+        return scores, stats
+
+    # ---- the benchmarks' floor -----------------------------------------------------------------
+
+    def prefill(self, tokens: Sequence[int], *, reuse_resident: bool = False) -> tuple[float, int]:
+        """Seconds to llama_decode ``tokens`` in the fastest layout (one micro-batch per ``batch_tokens``
+        tokens, no readout) and the tokens decoded: from empty memory, or after the saved head."""
+        with self.lock:
+            start = len(self.head) if reuse_resident and self._head_blob is not None \
+                and common_prefix([self.head, tokens]) == len(self.head) else 0
+            self._memory.reset()
+            self._executor.abort.clear()
+            try:
+                if start:
+                    self._memory.load(STATE_SEQ, self._head_blob)
+                started = time.perf_counter()
+                for step in chunked(STATE_SEQ, tokens[start:], start, self.limits.batch_tokens, None):
+                    self._executor.decode(step, {})
+                return time.perf_counter() - started, len(tokens) - start
+            finally:
+                self._memory.reset()
+
+    def close(self) -> None:
+        """Free the executor's batch; the caller holds ``lock`` (no step runs) and frees the context after."""
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None

@@ -1,0 +1,76 @@
+"""The model's vocabulary: text to tokens and back, and what the special tokens spell.
+
+Read once from a loaded ``LlamaModel``: whether prompts start with BOS, the texts of BOS, EOS and every control
+token (a template's own text may hold them; user text never becomes them), and the most bytes one token spells
+(which bounds how few tokens a text can be before it is tokenized). Any thread may tokenize; a closed model
+refuses with ``ScoringFailed``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp as llama
+
+from .errors import ScoringFailed
+from .llama_model import LlamaModel
+
+
+class Vocabulary:
+    def __init__(self, model: LlamaModel):
+        self._model = model
+        self._vocab = model.vocab
+        self.n_vocab = model.n_vocab
+        self.add_bos = bool(llama.llama_vocab_get_add_bos(self._vocab))
+        self.bos_text = self._special_text(llama.llama_vocab_bos(self._vocab))
+        self.eos_text = self._special_text(llama.llama_vocab_eos(self._vocab))
+        self.control_texts, self.max_piece_bytes = self._read_specials()
+
+    def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]:
+        """Tokens of ``text``. ``special``: the texts of special tokens are parsed as those tokens (for the
+        template's own text; user text is tokenized as text). ``bos``: the start of a whole prompt, which gets
+        BOS where the model asks for it (unless the text starts with it)."""
+        self._require_open()
+        data = text.encode("utf-8")
+        add_bos = bos and self.add_bos and not (special and self.bos_text and text.startswith(self.bos_text))
+        capacity = len(data) + 8
+        while True:
+            out = (llama.llama_token * capacity)()
+            n = llama.llama_tokenize(self._vocab, data, len(data), out, capacity, add_bos, special)
+            if n >= 0:
+                return list(out[:n])
+            capacity = -n
+
+    def piece(self, token: int) -> bytes:
+        self._require_open()
+        buf = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]  # the buffer is padded; only the first n bytes are the piece
+
+    def _require_open(self) -> None:
+        if self._model.closed:
+            raise ScoringFailed("the engine is closed")
+
+    def _special_text(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", "replace") if token >= 0 else ""
+
+    def _read_specials(self) -> tuple[tuple[str, ...], int]:
+        """The texts of the vocabulary's special tokens (control and unknown: in a template they are parsed as
+        such; in user text they are refused), and the most bytes one other token spells."""
+        texts = set()
+        special_ids = {llama.llama_vocab_bos(self._vocab), llama.llama_vocab_eos(self._vocab),
+                       llama.llama_vocab_eot(self._vocab)}
+        special = llama.LLAMA_TOKEN_ATTR_CONTROL | llama.LLAMA_TOKEN_ATTR_UNKNOWN
+        longest = 1
+        for token in range(self.n_vocab):
+            piece = self.piece(token)
+            if token in special_ids or llama.llama_vocab_get_attr(self._vocab, token) & special:
+                text = piece.decode("utf-8", "replace")
+                if text.strip():
+                    texts.add(text)
+            else:
+                longest = max(longest, len(piece))
+        return tuple(sorted(texts, key=lambda t: (-len(t), t))), longest
