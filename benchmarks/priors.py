@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .accuracy import ORDER_SEED, Scored, answer_key, prepared_task, shuffled, summary
+from .scoring import ORDER_SEED, Scored, answer_key, prepared_task, shuffled, summary
 from .metrics import accuracy, brier, ece
 from .tasks import Task
 

@@ -46,7 +46,7 @@ def raw(settings, tasks):
 
 def served(settings, tasks, config: priors.Config) -> dict[str, tuple[float, ...]]:
     """Each task's probabilities in label order as a server started with this configuration answers them."""
-    from benchmarks.accuracy import prepared_task
+    from benchmarks.scoring import prepared_task
     from decision_adapter.startup import load_decision_model
 
     model = load_decision_model(replace(settings, debias=config.mode, permutations=config.k,
