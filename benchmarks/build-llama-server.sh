@@ -7,7 +7,8 @@
 # takes minutes, not the all-variants build's). A native binary runs only on CPUs like the one that built it, so its
 # cache folder is keyed by this CPU's feature flags as well. LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g.
 # "-DGGML_CUDA=ON" on a GPU machine, or "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" for the
-# adapter's former AVX2-only kernels. With --flags it prints the flags it would build with and builds nothing.
+# adapter's former AVX2-only kernels. With --flags it prints the flags it would build with and builds nothing; with
+# --path, the binary's path (built or not: `make test` builds it beside the wheel, as a prerequisite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,10 @@ esac
 FLAGS_ID=$(printf '%s' "$KEY" | sha256sum | cut -c1-12)
 DEST=${LLAMA_SERVER_CACHE:-$HOME/.cache/decision-adapter/llama-server-$VERSION-$FLAGS_ID}
 
+if [ "${1:-}" = "--path" ]; then
+    echo "$DEST/bin/llama-server"
+    exit 0
+fi
 if [ -x "$DEST/bin/llama-server" ]; then
     echo "$DEST/bin/llama-server"
     exit 0

@@ -103,15 +103,18 @@ def sdist() -> Path:
     """The pinned source package, downloaded once (pip checks it against the index's hash)."""
     target = CACHE / "sdist" / f"llama_cpp_python-{version()}.tar.gz"
     if not target.exists():
-        partial = target.parent / (target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                        "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={version()}", "-d", str(partial)],
-                       check=True, stdout=sys.stderr)
-        (downloaded,) = partial.glob("llama_cpp_python-*.tar.gz")
-        downloaded.rename(target)
-        shutil.rmtree(partial)
+        # A folder of its own per download: `make test` builds the wheel and llama-server at once, and both may
+        # fetch the package; each renames its complete file into place (the same bytes, pip checked the hash).
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                            "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={version()}", "-d", str(partial)],
+                           check=True, stdout=sys.stderr)
+            (downloaded,) = partial.glob("llama_cpp_python-*.tar.gz")
+            os.replace(downloaded, target)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
     return target
 
 
