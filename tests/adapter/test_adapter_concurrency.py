@@ -137,7 +137,7 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-def test_32_clients_for_60_seconds_get_only_right_answers_and_retryable_503s(settings):
+def test_32_clients_for_30_seconds_get_only_right_answers_and_retryable_503s(settings):
     rng = random.Random(7)
     bodies = [{"decision": decision(i, f"{rng.choice(TICKETS)} Ticket {i}.")} for i in range(12)]
     with live_server(settings.model_dir, ADAPTER_STATE_CACHE_MB="0") as (base, process):
@@ -145,7 +145,8 @@ def test_32_clients_for_60_seconds_get_only_right_answers_and_retryable_503s(set
         statuses: dict[int, int] = {}
         wrong, missing_retry_after = [], []
         rss: list[tuple[float, int]] = []
-        stop = time.monotonic() + 60
+        # 30 s: three times the 10 s windows the memory check compares, hundreds of requests on two cores
+        stop = time.monotonic() + 30
         lock = threading.Lock()
 
         def client(seed: int) -> None:

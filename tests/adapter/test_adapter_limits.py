@@ -465,6 +465,13 @@ def test_an_answered_request_is_answered_without_queueing_behind_a_long_job(tmp_
     app = create_app(settings, engine)
     first = app.test_client().post("/invocations", json=example)
     assert first.status_code == 200
+    from decision_adapter.protocols import decision_schema
+    from decision_adapter.protocols.fields import RequestContext
+
+    model = app.extensions["decision_adapter"].readiness.model
+    [parsed], _ = decision_schema.parse(example, RequestContext())
+    spec = model.prepare([parsed.question]).spec
+    answer = engine._score(spec)  # what the cache will hold, scored before scoring blocks
     release = threading.Event()
     engine.on_score = lambda: release.wait(30)
     engine.scoring.clear()
@@ -473,13 +480,7 @@ def test_an_answered_request_is_answered_without_queueing_behind_a_long_job(tmp_
     long.start()
     try:
         assert engine.scoring.wait(30)
-        model = app.extensions["decision_adapter"].readiness.model
-        from decision_adapter.protocols import decision_schema
-        from decision_adapter.protocols.fields import RequestContext
-
-        [parsed], _ = decision_schema.parse(example, RequestContext())
-        spec = model.prepare([parsed.question]).spec
-        cached[spec.prompts] = engine._score(spec)
+        cached[spec.prompts] = answer
         repeat = app.test_client().post("/invocations", json=example)
         assert repeat.status_code == 200 and repeat.get_json()["result"]["timing"]["queue"] == 0.0
         assert not release.is_set(), "answered while the long job still holds the model"
