@@ -72,14 +72,10 @@ run:
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.runtime
 	PORT=$(PORT) $(PY) -m decision_adapter.server.local
 
-# The benchmark harness's generation baseline (tests/benchmarks run it): built beside the wheel and the downloads,
-# so that its compile overlaps their network time instead of following the whole setup.
-LLAMA_SERVER := $(shell PYTHON=$(PYTHON) benchmarks/build-llama-server.sh --path)
-$(LLAMA_SERVER):
-	PYTHON=$(PYTHON) benchmarks/build-llama-server.sh > /dev/null
-
+# The benchmark harness's generation baseline, llama-server, is built by the test session itself, in the background
+# at the lowest priority (tests/conftest.py): the suite leaves about half of two cores idle, and the build fills it.
 test:
-	@$(MAKE) --no-print-directory -j3 $(VENV)/.dev node_modules/.installed $(LLAMA_SERVER)
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.dev node_modules/.installed
 	$(PY) -m pytest -q tests
 
 # 10,000 requests (schemathesis from /openapi.json, and byte-level mutations) against `serve` on loopback.

@@ -8,7 +8,8 @@
 # cache folder is keyed by this CPU's feature flags as well. LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g.
 # "-DGGML_CUDA=ON" on a GPU machine, or "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" for the
 # adapter's former AVX2-only kernels. With --flags it prints the flags it would build with and builds nothing; with
-# --path, the binary's path (built or not: `make test` builds it beside the wheel, as a prerequisite).
+# --path, the binary's path, built or not. One build at a time per destination: a second call waits for the first
+# (flock) and then finds the binary (the test session starts a build in the background; the harness asks again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,13 @@ if [ "${1:-}" = "--path" ]; then
     exit 0
 fi
 if [ -x "$DEST/bin/llama-server" ]; then
+    echo "$DEST/bin/llama-server"
+    exit 0
+fi
+mkdir -p "$(dirname "$DEST")"
+exec 9> "$DEST.lock"
+flock 9
+if [ -x "$DEST/bin/llama-server" ]; then  # built by the call that held the lock
     echo "$DEST/bin/llama-server"
     exit 0
 fi
