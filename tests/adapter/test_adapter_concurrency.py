@@ -71,7 +71,7 @@ def servers(settings):
 def test_answers_under_concurrent_mixes_equal_each_request_alone_on_a_fresh_server(servers):
     busy, alone = servers
     rng = random.Random(20261201)
-    requests_ = mixed_requests(rng, 24)
+    requests_ = mixed_requests(rng, 16)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         loaded = list(pool.map(lambda r: requests.post(busy + r[0], json=r[1], timeout=120), requests_))
     for (path, body), response in zip(requests_, loaded):

@@ -63,20 +63,25 @@ class IndependentScorer:
         values = values.astype(np.float64)
         return values - (values.max() + math.log(np.exp(values - values.max()).sum()))
 
-    def label_probabilities(self, tokens, spans, labels, *, side_by_side: bool) -> list[float]:
-        """P(label) / sum P(label') for labels of two tokens, P(label) = P(first) * P(second | first)."""
+    def label_probabilities(self, tokens, spans, labels) -> tuple[list[float], list[float]]:
+        """P(label) / sum P(label') for labels of two tokens, P(label) = P(first) * P(second | first): with every
+        first token's fork decoded side by side in one batch, and with each decoded alone (the prompt is decoded
+        once, on sequence 0, and each fork copied from it)."""
         memory = llama.llama_get_memory(self.ctx)
         llama.llama_memory_clear(memory, False)
         pieces = list(zip([0, *spans], [*spans, len(tokens)]))
         for i, (a, b) in enumerate(pieces):
             root = self._decode(0, tokens[a:b], a, want_last=i == len(pieces) - 1)
         firsts = list(dict.fromkeys(label[0] for label in labels))
+        return (self._chain(memory, root, len(tokens), labels, [firsts]),
+                self._chain(memory, root, len(tokens), labels, [[first] for first in firsts]))
+
+    def _chain(self, memory, root, position: int, labels, groups) -> list[float]:
         after: dict[int, np.ndarray] = {}
-        groups = [firsts] if side_by_side else [[first] for first in firsts]
         for group in groups:
             for seq, first in enumerate(group, start=1):
                 llama.llama_memory_seq_cp(memory, 0, seq, -1, -1)
-                self.batch.token[seq - 1], self.batch.pos[seq - 1], self.batch.n_seq_id[seq - 1] = first, len(tokens), 1
+                self.batch.token[seq - 1], self.batch.pos[seq - 1], self.batch.n_seq_id[seq - 1] = first, position, 1
                 self.batch.seq_id[seq - 1][0], self.batch.logits[seq - 1] = seq, True
             self.batch.n_tokens = len(group)
             assert llama.llama_decode(self.ctx, self.batch) == 0
@@ -127,8 +132,7 @@ def test_chain_rule_readout_equals_each_label_scored_on_its_own(patient_app, ind
     start, end = prepared.state
     sequences = model.trie(n).sequences
     assert {len(s) for s in sequences} == {2}
-    side_by_side = independent.label_probabilities(tokens, [start, end], sequences, side_by_side=True)
-    each_alone = independent.label_probabilities(tokens, [start, end], sequences, side_by_side=False)
+    side_by_side, each_alone = independent.label_probabilities(tokens, [start, end], sequences)
 
     assert max(abs(a - b) for a, b in zip(result["probabilities"], side_by_side)) <= 1e-12
     assert max(abs(a - b) for a, b in zip(result["probabilities"], each_alone)) <= 0.01
