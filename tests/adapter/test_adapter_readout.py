@@ -51,11 +51,8 @@ class IndependentScorer:
                 self.batch.logits[j] = want_last and start + j == len(tokens) - 1
             self.batch.n_tokens = len(part)
             assert llama.llama_decode(self.ctx, self.batch) == 0
-        if want_last:
-            row = llama.llama_get_logits_ith(self.ctx, len(tokens) - 1 - (len(tokens) - 1) // self.batch_tokens
-                                             * self.batch_tokens)
-            values = np.ctypeslib.as_array(row, shape=(self.n_vocab,)).astype(np.float64)
-            return values - (values.max() + math.log(np.exp(values - values.max()).sum()))
+        if want_last:  # the last token's row in the last micro-batch
+            return self._log_softmax_at((len(tokens) - 1) % self.batch_tokens)
         return None
 
     def _log_softmax_at(self, index: int) -> np.ndarray:
