@@ -32,7 +32,9 @@ def pytest_collection_finish(session) -> None:
     path = subprocess.run([str(BUILD), "--path"], capture_output=True, text=True, check=True).stdout.strip()
     if os.access(path, os.X_OK):
         return
-    log = Path(tempfile.gettempdir()) / "llama-server-build.log"  # the script's own errors reach the harness test
+    # The background build's output, for a person reading why it failed; the harness's own call then builds again
+    # and fails with the script's error in the test that needed the binary.
+    log = Path(tempfile.gettempdir()) / "llama-server-build.log"
     with log.open("w") as out:
         _build = subprocess.Popen(["nice", "-n", "19", str(BUILD)], stdout=out, stderr=subprocess.STDOUT,
                                   process_group=0)  # its own process group to stop, not its own session
