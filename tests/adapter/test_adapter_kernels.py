@@ -39,7 +39,8 @@ def test_the_engine_runs_the_best_variant_for_this_cpu(engine):
     kernels = engine.kernels
     scores = {name: backends.probe(path) for name, path in backends.variant_files(LIB).items()}
     assert kernels.variant == cpu_variants.best(FLAGS, among=SHIPPED), (kernels, sorted(FLAGS))
-    # where the operating system enables everything CPUID reports, that is ggml's own choice
+    # where the operating system enables everything CPUID reports, that is ggml's own choice, AMX variants left out
+    scores = {name: score for name, score in scores.items() if not cpu_variants.uses_amx(name)}
     if all(cpu_variants.runs(name, FLAGS) for name, score in scores.items() if score):
         assert kernels.variant == max(scores, key=scores.get), scores
     assert kernels.library == f"libggml-cpu-{kernels.variant}.so"
@@ -66,6 +67,16 @@ def test_a_variant_the_os_does_not_enable_is_never_chosen(tmp_path):
         backends.choose("skylakex", scores, avx2_only, tmp_path)
     with pytest.raises(BackendUnavailable, match="the operating system enables the instructions of none of skylakex"):
         backends.choose("auto", {"skylakex": scores["skylakex"]}, avx2_only, tmp_path)
+
+
+def test_auto_leaves_amx_variants_out(tmp_path):
+    """AMX kernels died of SIGILL on a CPU and OS that enable AMX (cpu_variants.AMX_FEATURES): auto takes the best
+    variant without them; a named AMX variant is still loaded where the CPU runs it."""
+    spr = frozenset(flag for feature in cpu_variants.VARIANTS["sapphirerapids"] for flag in cpu_variants.FLAGS[feature])
+    scores = {name: cpu_variants.score(name) for name in ("x64", "zen4", "sapphirerapids")}
+    assert backends.choose("auto", scores, spr, tmp_path) == "zen4"
+    assert backends.choose("sapphirerapids", scores, spr, tmp_path) == "sapphirerapids"
+    assert cpu_variants.best(spr) == "zen4" and cpu_variants.local_build(spr) == ("x64", "zen4")
 
 
 def test_results_and_ping_name_the_kernels(client, example, engine):

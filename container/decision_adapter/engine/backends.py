@@ -179,7 +179,8 @@ def choose(variant: str, scores: dict[str, int], flags: frozenset[str] | None, f
     ggml's score reads CPUID alone; a variant whose instructions the operating system does not enable (AVX-512
     state off in XCR0: Linux then lists no avx512 flag in /proc/cpuinfo) scores as runnable there and dies of
     SIGILL at its first kernel, so the kernel's flags (``flags``; None where unknown) rule such a variant out.
-    Variants this module does not know (``cpu_variants.VARIANTS``) are taken at ggml's word."""
+    ``auto`` never picks an AMX variant (``cpu_variants.AMX_FEATURES``). Variants this module does not know
+    (``cpu_variants.VARIANTS``) are taken at ggml's word."""
     def os_refuses(name: str) -> bool:
         return flags is not None and name in cpu_variants.VARIANTS and not cpu_variants.runs(name, flags)
 
@@ -194,7 +195,10 @@ def choose(variant: str, scores: dict[str, int], flags: frozenset[str] | None, f
                                      f"{', '.join(n for n, s in scores.items() if s and not os_refuses(n)) or 'none'}"
                                      f" (or auto)")
         return variant
-    runnable = {name: score for name, score in scores.items() if score > 0 and not os_refuses(name)}
+    # AMX variants only by name (cpu_variants.AMX_FEATURES: they died of SIGILL where the OS enables AMX).
+    runnable = {name: score for name, score in scores.items()
+                if score > 0 and not os_refuses(name) and not (name in cpu_variants.VARIANTS
+                                                               and cpu_variants.uses_amx(name))}
     if not runnable:
         refused = [n for n, s in scores.items() if s > 0]
         raise BackendUnavailable(f"no CPU variant in {folder} runs on this CPU (scores: "

@@ -43,6 +43,13 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 # The baseline every x86-64 CPU runs; the local build ships it beside the best variant (tests force it).
 BASELINE = "x64"
+# What makes a variant's kernels use AMX tiles. ``best`` (and so ``auto`` and the local build) leaves such variants
+# out: on an Intel Xeon guest whose CPUID, kernel flags (amx_tile, amx_int8) and arch_prctl all enable AMX, the AMX
+# kernels of the pinned llama.cpp (b11312) died of SIGILL at their first quantized matrix product (gdb: tileloadd
+# in ggml_backend_amx_mul_mat, on the embedded model), where the same CPU's AVX-512 variant runs; a server that
+# dies at its first request restarts into the same death. ``ADAPTER_CPU_VARIANT=sapphirerapids`` still loads them,
+# for a fleet that verified them.
+AMX_FEATURES = frozenset({"AMX_TILE", "AMX_INT8"})
 
 # What ggml's score checks for each feature (cpuid_x86 in ggml-cpu/arch/x86/cpu-feats.cpp), as Linux names the flags.
 FLAGS: dict[str, tuple[str, ...]] = {
@@ -82,9 +89,16 @@ def score(variant: str) -> int:
     return 1 + sum(SCORE_BITS[feature] for feature in VARIANTS[variant])
 
 
+def uses_amx(variant: str) -> bool:
+    """Whether ``variant``'s kernels use AMX tiles (see ``AMX_FEATURES``: never chosen by ``best``)."""
+    return bool(AMX_FEATURES.intersection(VARIANTS[variant]))
+
+
 def best(flags: frozenset[str], among: object = None) -> str:
-    """The variant ggml would load on a CPU with ``flags``, among ``among`` (names; default: every variant)."""
-    names = [name for name in (VARIANTS if among is None else among) if name in VARIANTS and runs(name, flags)]
+    """The variant to load on a CPU with ``flags``, among ``among`` (names; default: every variant): the one ggml
+    would load, AMX variants left out (``AMX_FEATURES``)."""
+    names = [name for name in (VARIANTS if among is None else among)
+             if name in VARIANTS and runs(name, flags) and not uses_amx(name)]
     if not names:
         raise LookupError("no x86-64 CPU variant of llama.cpp runs on this CPU")
     return max(names, key=score)
