@@ -7,6 +7,12 @@ Bounded by bytes (``ADAPTER_STATE_CACHE_MB``), each entry counted with what keep
 bookkeeping); an entry larger than the whole budget is not kept. An entry a running job holds (``acquire`` ..
 ``release``) is not evicted, so the memory it takes stays counted; met on the way while making room, it counts
 as just used. A put evicts from the least recently used end, each eviction O(1).
+
+A saved state also serves as a prefix of itself: it is put with the digests of its leading tokens at each of its
+micro-batch boundaries (``boundary_keys``), and a state that shares such a prefix restores it (``acquire_prefix``)
+and decodes only the rest. The prefix index maps each boundary digest to the saved states that hold it; what it
+costs is counted in its state's entry (``prefix_cost``) and leaves with it. A lookup is one digest per boundary
+of the request's own state, whatever the cache holds.
 """
 
 from __future__ import annotations
@@ -32,6 +38,19 @@ def tokens_key(kind: str, tokens: Sequence[int], *extra: Iterable[Sequence[int]]
         for seq in group:
             digest.update(b"\1" + _token_bytes(seq))
     return digest.digest()
+
+
+def boundary_keys(tokens: Sequence[int], start: int, last: int, step: int) -> tuple[tuple[int, bytes], ...]:
+    """Each micro-batch boundary ``end`` of a decode of ``tokens`` from ``start`` in micro-batches of ``step``
+    (``start + step``, ``start + 2 * step``, ... up to ``last``), with the digest of ``tokens[:end]``: one running
+    SHA-256, copied at each boundary, so linear in the tokens."""
+    digest = hashlib.sha256(b"prefix\0")
+    digest.update(_token_bytes(tokens[:start]))
+    found = []
+    for end in range(start + step, last + 1, step):
+        digest.update(_token_bytes(tokens[end - step:end]))
+        found.append((end, digest.digest()))
+    return tuple(found)
 
 
 def _token_bytes(tokens: Sequence[int]) -> bytes:
@@ -77,13 +96,15 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    prefix_hits: int = 0  # states restored in part: a saved state's prefix
 
 
 @dataclass(slots=True)
 class _Entry:
     value: Any
-    size: int  # what keeping it costs: the value, its key and the bookkeeping
+    size: int  # what keeping it costs: the value, its key, its prefixes and the bookkeeping
     pins: int = 0
+    prefixes: tuple[bytes, ...] = ()  # the digests of its micro-batch boundaries (a saved state's)
 
 
 def entry_cost(key: bytes, size: int) -> int:
@@ -95,10 +116,24 @@ def entry_cost(key: bytes, size: int) -> int:
 _ENTRY_BYTES = sys.getsizeof(_Entry(None, 0))
 
 
+def prefix_cost(prefixes: Sequence[bytes]) -> int:
+    """Bytes the prefix index takes for a state saved with these boundary digests: each digest, its slot in the
+    index and the set of states holding it (counted whole for each state, as if none shared it), and the tuple
+    the entry keeps them in."""
+    if not prefixes:
+        return 0
+    return sys.getsizeof(tuple(prefixes)) + len(prefixes) * (
+        sys.getsizeof(prefixes[0]) + ORDERED_DICT_ITEM + _HOLDERS_BYTES)
+
+
+_HOLDERS_BYTES = sys.getsizeof({b"": None})
+
+
 class PrefixCache:
     def __init__(self, budget_bytes: int):
         self.budget_bytes = budget_bytes
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._prefixes: dict[bytes, dict[bytes, None]] = {}  # boundary digest -> the saved states holding it
         self._bytes = 0
         self._lock = threading.Lock()
         self.stats = CacheStats()
@@ -110,8 +145,14 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def prefixes(self) -> int:
+        """Boundary digests the prefix index holds."""
+        return len(self._prefixes)
+
     def __contains__(self, key: bytes) -> bool:
-        return key in self._entries
+        """An entry's key, or a boundary digest some saved state holds."""
+        return key in self._entries or key in self._prefixes
 
     def get(self, key: bytes) -> Any | None:
         with self._lock:
@@ -121,6 +162,25 @@ class PrefixCache:
         """``get``, and hold the entry until ``release``: it is not evicted while a job restores from it."""
         with self._lock:
             return self._find(key, pin=True)
+
+    def acquire_prefix(self, digest: bytes) -> tuple[bytes, Any] | None:
+        """The saved state most recently put that holds the boundary ``digest`` (its key and value), held until
+        ``release(key)``; None when no state holds it."""
+        with self._lock:
+            holders = self._prefixes.get(digest)
+            if not holders:
+                return None
+            key = next(reversed(holders))
+            entry = self._entries[key]
+            self._entries.move_to_end(key)
+            self.stats.prefix_hits += 1
+            entry.pins += 1
+            return key, entry.value
+
+    def holders(self, boundaries: Sequence[tuple[int, bytes]]) -> list[bytes]:
+        """The keys of the saved states that hold any of these boundaries (``JobSpec.boundaries``)."""
+        with self._lock:
+            return list({key: None for _, digest in boundaries for key in self._prefixes.get(digest, ())})
 
     def release(self, key: bytes) -> None:
         with self._lock:
@@ -138,22 +198,36 @@ class PrefixCache:
         entry.pins += pin
         return entry.value
 
-    def put(self, key: bytes, value: Any, size: int | None = None) -> bool:
-        """Keep ``value``; evicts the least recently used entries nobody holds to make room. False if it
-        cannot fit."""
-        size = entry_cost(key, size if size is not None else size_of(value))
+    def put(self, key: bytes, value: Any, size: int | None = None, prefixes: Sequence[bytes] = ()) -> bool:
+        """Keep ``value`` (a saved state with the digests of its micro-batch boundaries, ``prefixes``: it serves
+        as each of those prefixes too); evicts the least recently used entries nobody holds to make room. False if
+        it cannot fit."""
+        prefixes = tuple(prefixes)
+        size = entry_cost(key, size if size is not None else size_of(value)) + prefix_cost(prefixes)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._bytes -= old.size
+                self._forget(key, old)
             if size > self.budget_bytes:
                 return False
             self._make_room(size)
             if self._bytes + size > self.budget_bytes:
                 return False  # what is left is held by the running job
-            self._entries[key] = _Entry(value, size, old.pins if old is not None else 0)
+            self._entries[key] = _Entry(value, size, old.pins if old is not None else 0, prefixes)
             self._bytes += size
+            for digest in prefixes:
+                self._prefixes.setdefault(digest, {})[key] = None
             return True
+
+    def _forget(self, key: bytes, entry: _Entry) -> None:
+        """Account for an entry taken out of ``_entries``: its bytes and its prefixes."""
+        self._bytes -= entry.size
+        for digest in entry.prefixes:
+            holders = self._prefixes.get(digest)
+            if holders is not None:
+                holders.pop(key, None)
+                if not holders:
+                    del self._prefixes[digest]
 
     def _make_room(self, size: int) -> None:
         """Evict from the least recently used end until ``size`` more bytes fit: O(1) an eviction. An entry a
@@ -167,16 +241,17 @@ class PrefixCache:
                 held_seen += 1
                 continue
             del self._entries[key]
-            self._bytes -= entry.size
+            self._forget(key, entry)
             self.stats.evictions += 1
 
     def discard(self, key: bytes) -> None:
         with self._lock:
             entry = self._entries.pop(key, None)
             if entry is not None:
-                self._bytes -= entry.size
+                self._forget(key, entry)
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._prefixes.clear()
             self._bytes = 0

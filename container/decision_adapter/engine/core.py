@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .cache import PrefixCache, tokens_key
+from .cache import PrefixCache, boundary_keys, tokens_key
 from .llama_model import EngineOptions, LlamaModel, check_gpu_layers, init_backend, versions
 from .plan import JobSpec, Limits, Plan, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix
@@ -107,7 +107,11 @@ class Engine:
         end = max(head, common if state is None else min(state[1], common))
         state_key = tokens_key("state", prompts[0][:end]) if end > head else None
         keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(prompts, tries))
-        return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys)
+        # Where a cached prefix of the state may end: its own micro-batch boundaries (the fused layout's last one
+        # holds a prompt's tokens too, so it is not one).
+        last = end - 1 if self.limits.fused else end
+        boundaries = boundary_keys(prompts[0], head, last, self.limits.batch_tokens) if state_key else ()
+        return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys, boundaries=boundaries)
 
     def plan(self, spec: JobSpec) -> Plan:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""
@@ -134,6 +138,8 @@ class Engine:
             self.cache.discard(key)
         if state and spec.state_key is not None:
             self.cache.discard(spec.state_key)
+            for key in self.cache.holders(spec.boundaries):
+                self.cache.discard(key)
 
     # ---- lifetime ------------------------------------------------------------------------------
 

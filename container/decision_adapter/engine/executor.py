@@ -81,6 +81,8 @@ class Executor:
                 return
         elif isinstance(step, Restore):
             memory.load(step.seq, blobs[step.blob])
+            if step.prefix:
+                memory.cut(step.seq, step.tokens)
         elif isinstance(step, Fork):
             memory.fork(step.src, step.dst)
         elif isinstance(step, Save):

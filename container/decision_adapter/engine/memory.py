@@ -43,6 +43,13 @@ class Memory:
             raise EngineError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
         return buf
 
+    def cut(self, seq: int, tokens: int) -> None:
+        """Keep only ``seq``'s first ``tokens`` positions: the cells past them are free again, and the next
+        cells used are the first of them (llama.cpp's search for a slot restarts at the lowest cell freed), as
+        after a decode of those tokens alone."""
+        if not llama.llama_memory_seq_rm(self._memory, seq, tokens, -1):
+            raise EngineError(f"llama_memory_seq_rm could not cut a sequence at {tokens}")
+
     def fork(self, src: int, dst: int) -> None:
         if self.fork_by == "copy":
             llama.llama_memory_seq_cp(self._memory, src, dst, -1, -1)

@@ -14,6 +14,10 @@ request holds and whatever is cached:
 * sequence 0 gets the saved head (template head and system instruction) or, on a cache hit, the saved head and
   state, restored into cells 0, 1, ...; a missing state is decoded in ``batch_tokens`` micro-batches from its
   first token and saved for later requests;
+* a state the cache does not hold whole may share a prefix with one it holds (an agent's transcript that grew by
+  a few lines): the longest shared prefix that ends on one of the new state's own micro-batch boundaries is
+  restored (the saved state loaded, its cells past the boundary released) and the state is decoded on from
+  there, in the very micro-batches and cells a decode from the head would have used after that boundary;
 * each prompt in turn is forked from sequence 0 and its own tokens (question, options, answer position) are
   decoded in micro-batches from its own first token, so they land in the cells right after the state;
 * its label paths (labels of several tokens, past 26 options) are then decoded side by side on forks of it,
@@ -63,11 +67,13 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Restore:
-    """Load a saved sequence (the head, or the head and a cached state) into ``seq``."""
+    """Load a saved sequence (the head, or the head and a cached state) into ``seq``; for a ``prefix``, keep only
+    its first ``tokens`` positions (the saved state holds more: the cells past them are released)."""
 
     seq: int
-    blob: str | bytes  # HEAD_BLOB or a state-cache key
+    blob: str | bytes  # HEAD_BLOB, a state-cache key, or a boundary digest (a prefix)
     tokens: int
+    prefix: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,13 @@ class Fork:
 
 @dataclass(frozen=True)
 class Save:
-    """Serialise ``seq`` (head and state) into the state cache under ``key``."""
+    """Serialise ``seq`` (head and state) into the state cache under ``key``, serving as each of the ``prefixes``
+    (the digests of its micro-batch boundaries) too."""
 
     seq: int
     key: bytes
     tokens: int
+    prefixes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,16 @@ class JobSpec:
     state_cached: bool = False
     answered: frozenset[int] = frozenset()  # prompts whose whole answer the cache already holds
     answer_keys: tuple[bytes, ...] = ()  # where each prompt's answer is (or will be) cached; (): not cached
+    # The state's micro-batch boundaries (head + batch_tokens, head + 2 * batch_tokens, ... up to state_end), each
+    # with the digest of the tokens before it (``cache.boundary_keys``): where a cached prefix may end, and what the
+    # saved state serves as. The fused layout leaves out state_end (its last micro-batch holds a prompt's tokens).
+    boundaries: tuple[tuple[int, bytes], ...] = ()
+    prefix: int = 0  # the state restored from a cached prefix up to this boundary (0: none)
+
+    @property
+    def prefix_key(self) -> bytes | None:
+        """The digest of the boundary the state is restored to, if a prefix is."""
+        return next((digest for end, digest in self.boundaries if end == self.prefix), None) if self.prefix else None
 
 
 @dataclass(frozen=True)
@@ -132,8 +150,8 @@ class Plan:
     steps: tuple[Step, ...]
     peak_cells: int
     sequences: int  # sequence ids used, 0 .. sequences - 1
-    shared_tokens: int  # state tokens decoded (0 on a cache hit)
-    cached_tokens: int  # state tokens restored from the cache instead
+    shared_tokens: int  # state tokens decoded (0 on a cache hit; past the prefix on a prefix hit)
+    cached_tokens: int  # state tokens restored from the cache instead (the whole state, or a prefix of it)
     own_tokens: tuple[int, ...]  # tokens decoded for each prompt alone (0 for an answered prompt)
     readout_tokens: int  # label-path tokens decoded
 
@@ -164,6 +182,8 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
     if not 0 <= spec.head <= spec.state_end < shortest:
         raise ValueError(f"the shared prefix ({spec.head} head, {spec.state_end} in all) must leave every "
                          f"prompt at least one token of its own (shortest prompt: {shortest} tokens)")
+    if spec.prefix and not (spec.head < spec.prefix <= spec.state_end and spec.prefix_key is not None):
+        raise ValueError(f"a prefix restored to {spec.prefix} must end on one of the state's boundaries")
     planner = _Planner(spec, limits)
     todo = [i for i in range(len(spec.prompts)) if i not in spec.answered]
     if todo:
@@ -209,13 +229,23 @@ class _Planner:
             self.hold(STATE_SEQ, spec.state_end)
             self.cached = spec.state_end - spec.head
             return None
-        if spec.head:
+        start = spec.head
+        if spec.prefix and (prefix_key := spec.prefix_key) is not None:
+            # The saved state momentarily holds its own cells whole; it was decoded in this context, from empty
+            # memory, so it fits the cells, and past the restore only the prefix's are held.
+            start = spec.prefix
+            self.steps.append(Restore(STATE_SEQ, prefix_key, start, prefix=True))
+            self.hold(STATE_SEQ, start)
+            self.cached = start - spec.head
+        elif spec.head:
             self.steps.append(Restore(STATE_SEQ, HEAD_BLOB, spec.head))
             self.hold(STATE_SEQ, spec.head)
-        if spec.state_end == spec.head:
+        if spec.state_end == start:
+            if start > spec.head:
+                self.save_state()
             return None
         prompt = spec.prompts[first]
-        state = chunked(STATE_SEQ, prompt[spec.head:spec.state_end], spec.head, limits.batch_tokens, None)
+        state = chunked(STATE_SEQ, prompt[start:spec.state_end], start, limits.batch_tokens, None)
         suffix = prompt[spec.state_end:]
         last = state[-1].chunks[0]
         fused = limits.fused and len(last.tokens) + len(suffix) <= limits.batch_tokens
@@ -231,11 +261,16 @@ class _Planner:
             self.own[first] = len(suffix)
         else:
             self.steps += state
-        self.hold(STATE_SEQ, spec.state_end - spec.head)
-        self.shared = spec.state_end - spec.head
-        if spec.state_key is not None:
-            self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end))
+        self.hold(STATE_SEQ, spec.state_end - start)
+        self.shared = spec.state_end - start
+        self.save_state()
         return first if fused else None
+
+    def save_state(self) -> None:
+        spec = self.spec
+        if spec.state_key is not None:
+            self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end,
+                                   tuple(digest for _, digest in spec.boundaries)))
 
     def prompt_steps(self, i: int, *, own_decoded: bool) -> None:
         """Prompt ``i``: forked from the state, its own tokens decoded from their first (unless the fused state's

@@ -54,7 +54,7 @@ class Job:
 
     def restart(self, plan: Plan) -> None:
         self.plan, self.outcome, self.next = plan, Outcome(), 0
-        self.spec = replace(self.spec, state_cached=False)
+        self.spec = replace(self.spec, state_cached=False, prefix=0)
         self.restarts += 1
 
 
@@ -96,10 +96,11 @@ class Runner:
         return foreseen_plan(spec, plan, self.limits, lambda key: key in ahead or key in self.cache)
 
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> Job:
-        """A job for ``spec``, as the cache stands when it starts: the answers and the state it already holds,
-        and its plan (``plan``, the uncached plan of ``spec``, is used as it is when the cache holds nothing
-        for the job). The scheduler thread calls this as the job starts, so that requests queued over one new
-        state decode it once. The state it restores is held in the cache until the job ends."""
+        """A job for ``spec``, as the cache stands when it starts: the answers and the state it already holds (the
+        whole state, or else the longest prefix of it that ends on one of its micro-batch boundaries), and its plan
+        (``plan``, the uncached plan of ``spec``, is used as it is when the cache holds nothing for the job). The
+        scheduler thread calls this as the job starts, so that requests queued over one new state decode it once.
+        The saved state it restores is held in the cache until the job ends."""
         if self._executor is None:
             raise ScoringFailed("the engine is closed")
         keys = answer_keys(spec)
@@ -107,13 +108,20 @@ class Runner:
         blobs: dict[str | bytes, Blob] = {HEAD_BLOB: self._head_blob} if self._head_blob is not None else {}
         held: tuple[bytes, ...] = ()
         cached_state = None
+        prefix = 0
         if spec.state_key is not None and len(answered) < len(spec.prompts):
             cached_state = self.cache.acquire(spec.state_key)
-        if cached_state is not None:
-            blobs[spec.state_key] = cached_state
-            held = (spec.state_key,)
-        if answered or cached_state is not None or plan is None:
-            spec = replace(spec, state_cached=cached_state is not None, answered=frozenset(answered))
+            if cached_state is not None:
+                blobs[spec.state_key] = cached_state
+                held = (spec.state_key,)
+            else:
+                for end, digest in reversed(spec.boundaries):  # the longest first: one look-up a boundary
+                    if (found := self.cache.acquire_prefix(digest)) is not None:
+                        held, blobs[digest] = (found[0],), found[1]
+                        prefix = end
+                        break
+        if answered or held or plan is None:
+            spec = replace(spec, state_cached=cached_state is not None, prefix=prefix, answered=frozenset(answered))
             plan = plan_job(spec, self.limits)
         return Job(spec, plan, blobs, answered, keys, held=held)
 
@@ -134,7 +142,7 @@ class Runner:
                 self.abandon(job)
                 raise
             if isinstance(step, Save):
-                self.cache.put(step.key, job.outcome.saved.pop(step.key))
+                self.cache.put(step.key, job.outcome.saved.pop(step.key), prefixes=step.prefixes)
             elif isinstance(step, Decode):
                 job.decoded_tokens += step.tokens
             job.next += 1
@@ -144,17 +152,20 @@ class Runner:
         return True
 
     def _restore_failed(self, job: Job, step) -> None:
-        """A cached state that llama.cpp refuses is dropped and the job decoded again from the head, once; the
-        head itself, or a second refusal, fails the job (a plan that restarts forever would never end)."""
+        """A cached state (or the state a prefix is restored from) that llama.cpp refuses is dropped and the job
+        decoded again from the head, once; the head itself, or a second refusal, fails the job (a plan that
+        restarts forever would never end)."""
         if step.blob == HEAD_BLOB or job.restarts:
             self.abandon(job)
             raise EngineError("llama.cpp refused the saved head" if step.blob == HEAD_BLOB
                               else "llama.cpp refused a saved sequence twice")
         log.warning("a cached state could not be restored; decoding it again")
+        refused = job.held
         self._release(job)
-        self.cache.discard(job.spec.state_key)
-        job.blobs.pop(job.spec.state_key, None)
-        job.restart(plan_job(replace(job.spec, state_cached=False), self.limits))
+        for key in refused:
+            self.cache.discard(key)
+        job.blobs.pop(step.blob, None)
+        job.restart(plan_job(replace(job.spec, state_cached=False, prefix=0), self.limits))
 
     def abort(self) -> None:
         """Stop the ``llama_decode`` running now, or the next one (any thread): the job's deadline passed."""

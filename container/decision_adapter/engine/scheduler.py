@@ -20,7 +20,8 @@ whose own work, at that speed, takes longer than its deadline allows even on an 
 ``TooLarge``: no retry can pass. When a job starts it is charged again, for what the cache then holds, and a job
 that can no longer finish before its deadline is refused then (``TooSlow``) rather than run into it. The speed is
 learnt from every job that ran, to its end or not: the tokens of the decodes it finished over the seconds they
-took. Everything a job owns (its plan, its reads, its future) lives in the job.
+took. Everything a job owns (its plan, its reads, its future) lives in the job. ``assess`` applies the same rules
+to a request's jobs without queueing them (a dry run): what each would be charged, and what admission would say.
 """
 
 from __future__ import annotations
@@ -89,6 +90,29 @@ class Ticket:
         return (self.started or time.monotonic()) - self.submitted
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What admission makes of a request's jobs now, without queueing them (``Scheduler.assess``)."""
+
+    plans: tuple[Plan, ...]  # each job's plan as foreseen: its tokens are what the job is charged
+    queued_tokens: int  # the tokens of the jobs queued and running ahead of it
+    tokens_per_s: float | None  # the measured speed; None before the first job
+    refusal: Busy | TooLarge | None  # what ``submit_all`` would raise now; None: admitted
+
+    @property
+    def tokens(self) -> int:
+        """What the jobs are charged: the tokens they will decode."""
+        return sum(plan.tokens for plan in self.plans)
+
+    @property
+    def estimate_s(self) -> float | None:
+        """Seconds until the jobs are done as admission reckons them: the tokens queued ahead and theirs at the
+        measured speed (None before the first job; 0 when there is no job to queue)."""
+        if not self.plans:
+            return 0.0
+        return (self.queued_tokens + self.tokens) / self.tokens_per_s if self.tokens_per_s else None
+
+
 class Scheduler:
     def __init__(self, engine: JobRunner, *, queue_tokens: int, name: str = "scheduler"):
         self.engine = engine
@@ -119,41 +143,65 @@ class Scheduler:
         text); raises ``TooLarge`` when that alone needs more than ``allowed_s`` at the measured speed, else
         ``Busy`` or ``TooSlow`` when it does not fit now."""
         end = math.inf if deadline is None else deadline
+        tickets = [Ticket(spec, plan, end, foreseen.tokens)
+                   for (spec, plan), foreseen in zip(jobs, self._foresee(jobs))]
         with self._ready:
-            ahead = set(self._leaving())
-        tickets = []
-        for spec, plan in jobs:  # outside the lock: planning a job takes a few milliseconds
-            tickets.append(Ticket(spec, plan, end, self.engine.foresee(spec, plan, frozenset(ahead)).tokens))
-            ahead.update(leaves(spec))  # the request's own jobs run one after another
-        with self._ready:
-            if self._stopping:
-                raise Busy("the server is shutting down")
-            self._admit(sum(t.tokens for t in tickets), end, by_tokens, allowed_s)
+            refusal = self._refusal(sum(t.tokens for t in tickets), end, by_tokens, allowed_s)
+            if refusal is not None:
+                raise refusal
             for ticket in tickets:
                 self._queued_tokens += ticket.tokens
                 self._queue.append(ticket)
             self._ready.notify()
         return tickets
 
+    def assess(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
+               by_tokens: bool = True, allowed_s: float | None = None) -> "Admission":
+        """What ``submit_all`` would make of the same jobs now, queueing nothing (a dry run): each job's plan as
+        it is foreseen (its ``tokens`` are what the job is charged), the tokens queued ahead, the measured speed,
+        and the exception ``submit_all`` would raise (None: admitted). No job at all is admitted at once."""
+        end = math.inf if deadline is None else deadline
+        plans = tuple(self._foresee(jobs))
+        with self._ready:
+            refusal = self._refusal(sum(p.tokens for p in plans), end, by_tokens, allowed_s) if jobs else None
+            return Admission(plans, self._queued_tokens if jobs else 0, self.tokens_per_s, refusal)
+
+    def _foresee(self, jobs: Sequence[tuple[JobSpec, Plan]]) -> list[Plan]:
+        """Each job's plan as it will run, given the cache and what the jobs queued and running, then the request's
+        own jobs before it (they run one after another), leave there."""
+        with self._ready:
+            ahead = set(self._leaving())
+        plans = []
+        for spec, plan in jobs:  # outside the lock: planning a job takes a few milliseconds
+            plans.append(self.engine.foresee(spec, plan, frozenset(ahead)))
+            ahead.update(leaves(spec))
+        return plans
+
     def _leaving(self) -> Iterator[bytes]:
         """The cache entries the jobs queued and running leave before a job queued now starts."""
         for ticket in (*self._queue, *((self._running,) if self._running is not None else ())):
             yield from leaves(ticket.spec)
 
-    def _admit(self, tokens: int, deadline: float, by_tokens: bool, allowed_s: float | None) -> None:
+    def _refusal(self, tokens: int, deadline: float, by_tokens: bool,
+                 allowed_s: float | None) -> Busy | TooLarge | None:
+        """Why a request whose jobs decode ``tokens`` is not admitted now (the rules of the module's text), or None;
+        called with the lock held."""
+        if self._stopping:
+            return Busy("the server is shutting down")
         speed = self.tokens_per_s
         if speed and allowed_s is not None and tokens / speed > allowed_s:
-            raise TooLarge(tokens, speed, allowed_s)
+            return TooLarge(tokens, speed, allowed_s)
         queued = self._queued_tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
-            raise Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
+            return Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
         if speed and not math.isinf(deadline):
             needed = (queued + tokens) / speed
             left = deadline - time.monotonic()
             if needed > left:
-                raise TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about {needed:.1f} s "
-                              f"at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are left before its "
-                              f"deadline")
+                return TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about "
+                               f"{needed:.1f} s at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are "
+                               f"left before its deadline")
+        return None
 
     def result(self, ticket: Ticket) -> tuple[list[PromptScore], ScoreStats]:
         """The job's result; raises DeadlineExceeded (the job is cancelled) or ScoringFailed."""

@@ -1,0 +1,340 @@
+"""A state that grows between calls (an agent's transcript, an event log) is decoded once: a request restores the
+longest prefix of its state that a cached state holds up to one of its own micro-batch boundaries, and decodes the
+rest. Exact by layout: every answer is ``==`` a fresh server's. The planner, the prefix index and the outlook are
+tested without llama.cpp; the answers on the real model, through both protocols."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+
+import pytest
+
+from decision_adapter.engine.cache import PrefixCache, _token_bytes, boundary_keys, entry_cost, prefix_cost
+from decision_adapter.engine.core import Engine
+from decision_adapter.engine.outlook import foreseen_plan, leaves
+from decision_adapter.engine.plan import HEAD_BLOB, STATE_SEQ, Decode, JobSpec, Limits, Restore, Save, plan_job
+from decision_adapter.engine.readout import LabelTrie
+from decision_adapter.decisions.model_files import find_gguf
+from decision_adapter.server.app import create_app
+from decision_adapter.startup import engine_options
+
+HEAD = tuple(range(100, 110))  # 10 tokens of template head
+SINGLE = LabelTrie.build([(1,), (2,), (3,)])
+LIMITS = Limits(batch_tokens=64, cells=4096, sequences=8)
+
+
+def job(state: tuple[int, ...], question: int = 1, limits: Limits = LIMITS, **kw) -> JobSpec:
+    prompt = HEAD + state + tuple(range(question * 1000, question * 1000 + 20))
+    end = len(HEAD) + len(state)
+    last = end - 1 if limits.fused else end
+    return JobSpec((prompt,), (SINGLE,), len(HEAD), end, state_key=hashlib.sha256(bytes(str(state), "ascii")).digest(),
+                   boundaries=boundary_keys(prompt, len(HEAD), last, limits.batch_tokens), **kw)
+
+
+def state_decodes(plan) -> list[tuple[int, tuple[int, ...]]]:
+    return [(s.chunks[0].pos, s.chunks[0].tokens) for s in plan.steps
+            if isinstance(s, Decode) and s.chunks[0].seq == STATE_SEQ]
+
+
+# ---- pure: boundaries, the plan, the prefix index, the outlook ------------------------------------------------
+
+def test_boundary_digests_are_those_of_each_prefix_computed_on_its_own():
+    tokens = tuple(range(5, 400))
+    fast = boundary_keys(tokens, 10, 300, 64)
+    slow = [(end, hashlib.sha256(b"prefix\0" + _token_bytes(tokens[:end])).digest()) for end in (74, 138, 202, 266)]
+    assert list(fast) == slow
+    assert boundary_keys(tokens, 10, 74, 64)[-1][0] == 74 and boundary_keys(tokens, 10, 73, 64) == ()
+    other = tokens[:100] + (0,) + tokens[101:]
+    assert boundary_keys(other, 10, 300, 64)[0] == fast[0] and boundary_keys(other, 10, 300, 64)[1] != fast[1]
+
+
+def test_a_prefix_hit_restores_the_prefix_and_decodes_the_rest_as_a_miss_does_after_that_boundary():
+    state = tuple(range(2000, 2300))  # 300 tokens: boundaries at 74, 138, 202, 266 (from the 10-token head)
+    spec = job(state)
+    miss = plan_job(spec, LIMITS)
+    hit = plan_job(dataclasses.replace(spec, prefix=202), LIMITS)
+
+    digest = dict(spec.boundaries)[202]
+    assert hit.steps[0] == Restore(STATE_SEQ, digest, 202, prefix=True)
+    assert HEAD_BLOB not in [s.blob for s in hit.steps if isinstance(s, Restore)]
+    assert state_decodes(hit) == [d for d in state_decodes(miss) if d[0] >= 202] == [(202, state[192:256]),
+                                                                                    (266, state[256:])]
+    assert (hit.shared_tokens, hit.cached_tokens) == (108, 192)
+    assert (miss.shared_tokens, miss.cached_tokens) == (300, 0)
+    saves = [s for s in hit.steps if isinstance(s, Save)]
+    assert saves == [Save(STATE_SEQ, spec.state_key, 310, tuple(d for _, d in spec.boundaries))]
+    # everything after the state is laid out alike
+    assert hit.steps[-5:] == miss.steps[-5:]
+
+
+def test_a_state_that_ends_on_a_cached_boundary_restores_it_and_decodes_only_its_question():
+    state = tuple(range(2000, 2128))  # 128 tokens: its end (138) is a boundary
+    spec = job(state)
+    plan = plan_job(dataclasses.replace(spec, prefix=138), LIMITS)
+    assert state_decodes(plan) == [] and (plan.shared_tokens, plan.cached_tokens) == (0, 128)
+    assert any(isinstance(s, Save) for s in plan.steps)
+
+
+def test_the_fused_layout_keeps_its_last_micro_batch_out_of_the_boundaries():
+    fused = dataclasses.replace(LIMITS, fused=True)
+    spec = job(tuple(range(2000, 2128)), limits=fused)
+    assert [end for end, _ in spec.boundaries] == [74]
+
+
+def test_a_prefix_must_be_one_of_the_state_s_boundaries():
+    spec = job(tuple(range(2000, 2300)))
+    with pytest.raises(ValueError, match="boundaries"):
+        plan_job(dataclasses.replace(spec, prefix=100), LIMITS)
+
+
+def test_the_prefix_index_serves_the_most_recent_holder_and_leaves_with_its_state():
+    cache = PrefixCache(1 << 20)
+    a = boundary_keys(tuple(range(1000)), 0, 1000, 64)
+    grown = boundary_keys(tuple(range(1000)) + (7,) * 200, 0, 1200, 64)
+    assert grown[:len(a)] == a
+    cache.put(b"a", b"x" * 1000, prefixes=[d for _, d in a])
+    cache.put(b"grown", b"y" * 1000, prefixes=[d for _, d in grown])
+    assert cache.prefixes == len(grown)
+    assert cache.acquire_prefix(a[3][1]) == (b"grown", b"y" * 1000)  # both hold it: the newer
+    cache.release(b"grown")
+    assert a[3][1] in cache and grown[-1][1] in cache and cache.stats.prefix_hits == 1
+    assert sorted(cache.holders(a[:2])) == [b"a", b"grown"]
+    cache.discard(b"grown")
+    assert cache.acquire_prefix(a[3][1]) == (b"a", b"x" * 1000) and grown[-1][1] not in cache
+    cache.release(b"a")
+    cache.discard(b"a")
+    assert cache.prefixes == 0 and cache.bytes == 0 and cache.acquire_prefix(a[0][1]) is None
+
+
+def test_prefixes_count_in_the_budget_and_a_state_with_many_cannot_grow_past_it():
+    digests = [d for _, d in boundary_keys(tuple(range(20_000)), 0, 20_000, 16)]  # 1,250 boundaries
+    value = b"v" * 100
+    cost = entry_cost(b"k" * 32, len(value) + 33) + prefix_cost(digests)
+    assert prefix_cost(digests) > 1250 * 100
+    cache = PrefixCache(budget_bytes=2 * cost + cost // 2)
+    for i in range(5):
+        assert cache.put(bytes([i]) * 32, value, prefixes=digests)
+        assert cache.bytes <= cache.budget_bytes
+    assert len(cache) == 2 and cache.stats.evictions == 3
+    assert cache.holders([(0, digests[0])]) == [bytes([3]) * 32, bytes([4]) * 32]
+    assert not PrefixCache(budget_bytes=cost - 1).put(b"k" * 32, value, prefixes=digests)
+
+
+def test_a_held_prefix_is_not_evicted_while_a_job_restores_it():
+    [(_, digest)] = boundary_keys(tuple(range(64)), 0, 64, 64)
+    plain = entry_cost(b"k" * 32, len(b"y" * 900) + 33)
+    cache = PrefixCache(budget_bytes=plain + prefix_cost([digest]) + plain + plain // 2)
+    cache.put(b"a" * 32, b"x" * 900, prefixes=[digest])
+    assert cache.acquire_prefix(digest)[0] == b"a" * 32
+    cache.put(b"b" * 32, b"y" * 900)
+    cache.put(b"c" * 32, b"z" * 900)  # makes room: b goes, a is held
+    assert digest in cache and b"a" * 32 in cache and b"b" * 32 not in cache and b"c" * 32 in cache
+    cache.release(b"a" * 32)
+
+
+def test_the_outlook_charges_what_a_prefix_leaves_to_decode_and_counts_on_the_jobs_ahead():
+    base = tuple(range(2000, 2300))
+    grown = base + tuple(range(5000, 5040))
+    first, second = job(base), job(grown)
+    uncached = plan_job(second, LIMITS)
+    ahead = set(leaves(first))
+    foreseen = foreseen_plan(second, uncached, LIMITS, lambda key: key in ahead)
+    assert foreseen.cached_tokens == 256 and foreseen.shared_tokens == 340 - 256
+    assert foreseen.tokens == uncached.tokens - 256
+    changed = job(base[:100] + (9,) + base[101:] + tuple(range(5000, 5040)))  # changed at state token 100
+    assert foreseen_plan(changed, plan_job(changed, LIMITS), LIMITS, lambda key: key in ahead).cached_tokens == 64
+
+
+# ---- the real model: answers == a fresh server's ----------------------------------------------------------------
+
+BATCH = 64  # small micro-batches: many boundaries in a short state, so each test stays cheap
+
+
+@pytest.fixture(scope="module")
+def prefix_settings(settings):
+    return dataclasses.replace(settings, batch_tokens=BATCH)
+
+
+@pytest.fixture(scope="module")
+def warm_engine(prefix_settings):
+    with Engine(str(find_gguf(prefix_settings.model_dir)), engine_options(prefix_settings)) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def fresh_engine(prefix_settings):
+    cold = dataclasses.replace(prefix_settings, state_cache_mb=0)
+    with Engine(str(find_gguf(cold.model_dir)), engine_options(cold)) as engine:
+        yield engine
+
+
+@pytest.fixture
+def apps(prefix_settings, warm_engine, fresh_engine):
+    """A warm server (its cache kept across the test's requests) and a fresh one (no cache: every state decoded
+    from the head), over the same settings. The warm cache starts empty in each test."""
+    from adapter_apps import close_app
+
+    warm_engine.cache.clear()
+    warm = create_app(prefix_settings, warm_engine)
+    fresh = create_app(dataclasses.replace(prefix_settings, state_cache_mb=0), fresh_engine)
+    try:
+        yield warm.test_client(), fresh.test_client()
+    finally:
+        close_app(warm)
+        close_app(fresh)
+
+
+EVENTS = [f"{i:03d} {kind} service={svc} latency_ms={(i * 37) % 900} user=u{(i * 7) % 13}"
+          for i, (kind, svc) in enumerate(zip(["deploy", "retry", "timeout", "alarm", "login", "refund"] * 40,
+                                              ["api", "billing", "auth", "search", "queue"] * 48))]
+OPTIONS = [{"id": "retry", "description": "Retry the failed call"}, {"id": "rollback", "description": "Roll back"},
+           {"id": "page", "description": "Page the on-call engineer"}, {"id": "wait", "description": "Wait"}]
+
+
+def decision(state, **extra) -> dict:
+    return {"decisions": [{"id": "next", "state": state, "question": "What should the agent do next?",
+                           "options": OPTIONS, **extra}]}
+
+
+def answers(body: dict) -> list:
+    return [(r["probabilities"], r["option_logits"]) for r in body["results"]]
+
+
+def ask_both(warm, fresh, body: dict, path: str = "/invocations") -> tuple[dict, dict]:
+    got, want = warm.post(path, json=body), fresh.post(path, json=body)
+    assert got.status_code == want.status_code == 200, (got.get_data(as_text=True), want.get_data(as_text=True))
+    return got.get_json(), want.get_json()
+
+
+def reused_bound(previous_state_tokens: int) -> int:
+    """The most a step can take from the previous step's state: whole micro-batches of it."""
+    return previous_state_tokens // BATCH * BATCH
+
+
+# The state's last tokens are the question heading, which the grown state has after its new lines: a step shares
+# all but those (and a token the new text may merge with) of the previous state.
+HEADING_SLACK = 16
+
+
+def test_a_text_state_that_grows_reuses_its_prefix_and_answers_as_a_fresh_server(apps):
+    warm, fresh = apps
+    previous = None
+    for step, lines in enumerate((40, 44, 48, 53)):
+        got, want = ask_both(warm, fresh, decision("\n".join(EVENTS[:lines])))
+        assert answers(got) == answers(want), f"step {step}"
+        timing = got["timing"]
+        assert want["timing"]["cached_tokens"] == 0
+        if previous is None:
+            assert timing["cached_tokens"] == 0
+        else:
+            assert reused_bound(previous - HEADING_SLACK) <= timing["cached_tokens"] <= reused_bound(previous)
+            assert timing["shared_tokens"] == want["timing"]["shared_tokens"] - timing["cached_tokens"]
+            new = want["timing"]["shared_tokens"] - previous
+            assert timing["shared_tokens"] <= new + BATCH + HEADING_SLACK  # the new lines and one micro-batch again
+        previous = want["timing"]["shared_tokens"]
+
+
+@pytest.mark.parametrize("grow", ["list", "object"])
+def test_a_json_state_that_grows_reuses_its_prefix(apps, grow):
+    warm, fresh = apps
+    events = [{"t": i, "event": line} for i, line in enumerate(EVENTS)]
+    for step, n in enumerate((30, 33, 36)):
+        state = events[:n] if grow == "list" else {"agent": "ops-bot", "log": "\n".join(EVENTS[:n])}
+        got, want = ask_both(warm, fresh, decision(state))
+        assert answers(got) == answers(want), f"step {step}"
+        if step:
+            assert got["timing"]["cached_tokens"] >= 4 * BATCH, got["timing"]
+
+
+def test_system_one_structured_state_grows_and_answers_as_a_fresh_server(apps):
+    warm, fresh = apps
+    questions = {"next": {"type": "choice", "instructions": "What should the agent do next?",
+                          "criteria": {o["id"]: o["description"] for o in OPTIONS}},
+                 "urgent": {"type": "noul", "instructions": "Is this urgent?"}}
+    for step, n in enumerate((30, 34, 38)):
+        body = {"model": "jev-latest", "state": {"events": EVENTS[:n]}, "questions": questions}
+        for path in ("/v1/systemone", "/invocations"):
+            got, want = ask_both(warm, fresh, body, path)
+            assert got["answers"] == want["answers"], (step, path)
+            if step and path == "/v1/systemone":
+                assert got["x_cached_tokens"] >= 4 * BATCH and got["x_evaluated_tokens"] < want["x_evaluated_tokens"]
+
+
+@pytest.mark.parametrize("extra", [{"debias": "empty", "permutations": 3}, {"debias": "off", "permutations": 2}],
+                         ids=["debias-K3", "off-K2"])
+def test_priors_and_orderings_stay_exact_over_a_grown_state(apps, extra):
+    warm, fresh = apps
+    for n in (40, 45):
+        got, want = ask_both(warm, fresh, decision("\n".join(EVENTS[:n]), **extra))
+        assert answers(got) == answers(want)
+        assert [r.get("debias") for r in got["results"]] == [r.get("debias") for r in want["results"]]
+
+
+def test_labels_of_several_tokens_stay_exact_over_a_grown_state(apps):
+    warm, fresh = apps
+    many = [{"id": f"action-{i}"} for i in range(30)]
+    for n in (40, 45):
+        got, want = ask_both(warm, fresh, decision("\n".join(EVENTS[:n]), options=many))
+        assert answers(got) == answers(want) and got["results"][0]["readout"] == want["results"][0]["readout"]
+    assert got["timing"]["cached_tokens"] > 0
+
+
+def test_a_state_changed_in_the_middle_or_shrunk_reuses_nothing_past_the_change(apps):
+    warm, fresh = apps
+    base = "\n".join(EVENTS[:50])
+    ask_both(warm, fresh, decision(base))
+    changed_at = len("\n".join(EVENTS[:20]))
+    changed = base[:changed_at] + "\nXXX operator note: disk replaced" + base[changed_at:]
+    got, want = ask_both(warm, fresh, decision(changed))
+    assert answers(got) == answers(want)
+    text_before = fresh.post("/invocations", json=decision(base[:changed_at])).get_json()["timing"]["shared_tokens"]
+    assert got["timing"]["cached_tokens"] <= text_before  # nothing past the change
+    shrunk = "\n".join(EVENTS[:25])
+    got, want = ask_both(warm, fresh, decision(shrunk))
+    assert answers(got) == answers(want)
+    whole = want["timing"]["shared_tokens"]
+    assert reused_bound(whole - HEADING_SLACK) <= got["timing"]["cached_tokens"] <= reused_bound(whole)
+
+
+def test_concurrent_requests_over_one_grown_state_decode_its_new_part_once(apps):
+    warm, fresh = apps
+    warm.post("/invocations", json=decision("\n".join(EVENTS[:40])))
+    grown = "\n".join(EVENTS[:46])
+    questions = ["What should the agent do next?", "Which step is safest?", "What would an SRE do?",
+                 "What is the cheapest fix?"]
+    results: list = [None] * len(questions)
+
+    def ask(i: int) -> None:
+        body = decision(grown)
+        body["decisions"][0]["question"] = questions[i]
+        results[i] = warm.post("/invocations", json=body).get_json()
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    decoded = [r["timing"]["shared_tokens"] for r in results]
+    assert sorted(decoded)[:-1] == [0] * (len(questions) - 1), decoded  # one decodes the new part, the rest restore it
+    fresh_state = fresh.post("/invocations", json=decision(grown)).get_json()["timing"]["shared_tokens"]
+    assert 0 < max(decoded) < fresh_state
+    for i, r in enumerate(results):
+        body = decision(grown)
+        body["decisions"][0]["question"] = questions[i]
+        assert answers(r) == answers(fresh.post("/invocations", json=body).get_json())
+
+
+def test_forget_drops_the_states_that_hold_a_spec_s_prefixes(warm_engine):
+    warm_engine.cache.clear()
+    tokens = warm_engine.vocabulary.tokenize("\n".join(EVENTS[:30]))
+    head = warm_engine.runner.head
+    prompt = head + tuple(tokens) + (1, 2, 3)
+    trie = LabelTrie.build([(1,), (2,), (3,)])
+    spec = warm_engine.job_spec([prompt], [trie], (len(head), len(head) + len(tokens)))
+    warm_engine.cache.put(b"other" * 7, b"saved", prefixes=[d for _, d in spec.boundaries[:2]])
+    assert spec.boundaries[0][1] in warm_engine.cache
+    warm_engine.forget(spec)
+    assert spec.boundaries[0][1] not in warm_engine.cache and len(warm_engine.cache) == 0
