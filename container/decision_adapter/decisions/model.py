@@ -3,18 +3,22 @@
 ``DecisionModel`` is what the protocols (the walkthrough's decision schema, System One) call: ``prepare`` (the
 ``Preparer``: rendering with the model's chat template, label checks at load, token budgets before anything is
 evaluated), then ``score``: the request's jobs through the engine's scheduler (the one scoring path, for
-requests, the start-up probe and the benchmarks alike), combined into probabilities (``combine``). It never
+requests, the start-up probe and the benchmarks alike), combined into probabilities (``combine``); or ``dry_run``:
+what scoring would do now (each prompt's text and tokens, what the cache would serve, what the jobs would decode
+and what admission would say), decoding nothing. It never
 imports llama.cpp: the engine and the scheduler are handed in, typed by what this module needs of them
 (``ScoringEngine``, ``JobScheduler``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..engine.errors import TooLarge
 from ..engine.plan import JobSpec, Plan
 from ..engine.readout import LabelTrie, PromptScore, ScoreStats
+from ..engine.scheduler import Admission
 from ..errors import InputError, Loc
 from .calibration import Calibration
 from .combine import Answered, Defaults, Readouts, Scored, combine
@@ -26,7 +30,7 @@ from .prepare import Limits, Prepared, Preparer, Question, Tokenizer, orderings
 from .prompt import (DEFAULT_STYLE, STYLES, ChatTemplate, ModelIncompatible, PromptLayout, PromptStyle,
                      TemplateError)
 
-__all__ = ["Answered", "DecisionModel", "JobScheduler", "Limits", "ModelIncompatible", "Prepared", "Question",
+__all__ = ["Answered", "DecisionModel", "DryPrompt", "DryRun", "JobScheduler", "Limits", "ModelIncompatible", "Prepared", "Question",
            "Readouts", "Scored", "ScoringEngine", "orderings", "prompt_layout"]
 
 
@@ -68,6 +72,9 @@ class JobScheduler(Protocol):
     def submit_all(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
                    by_tokens: bool = True, allowed_s: float | None = None) -> list[Any]: ...
 
+    def assess(self, jobs: Sequence[tuple[JobSpec, Plan]], *, deadline: float | None = None,
+               by_tokens: bool = True, allowed_s: float | None = None) -> Admission: ...
+
     def result(self, ticket: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
     def cancel(self, ticket: Any) -> None: ...
@@ -84,6 +91,45 @@ def prompt_layout(engine: ScoringEngine, style: PromptStyle) -> PromptLayout:
                                          eos_token=vocabulary.eos_text), style)
     except TemplateError as exc:
         raise ModelIncompatible(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class DryPrompt:
+    """One prompt a question would be scored with: its whole rendered text (the exact text whose SHA-256 is the
+    answer's ``prompt_sha256`` when the question has one ordering), its tokens (the head's included), and the
+    options it shows, in label order (indices into the request's options)."""
+
+    text: str
+    tokens: int
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What scoring a prepared request would do now, decoding nothing (``DecisionModel.dry_run``). Its figures are
+    those the real run then reports, as long as nothing else changes the cache or the queue in between:
+    ``cached_tokens`` is the answer's ``ScoreStats.cached_tokens`` (the resident head is never counted),
+    ``decode_tokens`` the answer's ``ScoreStats.evaluated_tokens`` plus ``Answered.prior_tokens``."""
+
+    prompts: tuple[tuple[DryPrompt, ...], ...]  # for each question, one per ordering, in Prepared's order
+    digests: tuple[str, ...]  # for each question, its prompt_sha256 (NUL between its orderings' texts)
+    cached_tokens: int  # the answer's tokens the cache would serve: its state, or the whole prompts it answers
+    decode_tokens: int  # what the request's jobs would decode (the answer's and its priors'): what admission charges
+    readout_tokens: int  # of those, the answer's label-path tokens (labels of several tokens)
+    prior_tokens: int  # of those, the priors' jobs' (0 when the cache answers them)
+    queued_tokens: int  # the tokens queued and running ahead of it (0 when it would not be queued)
+    tokens_per_s: float | None  # the speed admission reckons with (None before the first job)
+    estimate_s: float | None  # admission's estimate: the tokens ahead and its own at that speed (None: no speed)
+    refusal: Exception | None  # what scoring would raise now (Busy, TooSlow, or an InputError: too large); None
+
+    @property
+    def admitted(self) -> bool:
+        return self.refusal is None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Every prompt's tokens, the head's included: the answers' ``input_tokens`` summed."""
+        return sum(p.tokens for prompts in self.prompts for p in prompts)
 
 
 class DecisionModel:
@@ -161,9 +207,7 @@ class DecisionModel:
         its answer's and, for debiased questions, one per content-free prompt kind of the prior; each job the cache
         answers whole (a warm prior, an identical repeat) costs nothing, the others are queued together and
         admitted as one."""
-        jobs = [(prepared.spec, prepared.plan), *((p.spec, p.plan) for p in prepared.priors)]
-        done = [self.engine.answer_from_cache(spec) for spec, _ in jobs]
-        missing = [i for i, d in enumerate(done) if d is None]
+        jobs, done, missing = self._jobs(prepared)
         queue_s = 0.0
         if missing:
             try:
@@ -182,6 +226,47 @@ class DecisionModel:
         (scores, stats), *priors = done
         return Readouts(scores, stats, tuple(p[0] for p in priors), tuple(p[1] for p in priors), queue_s,
                         len(missing))
+
+    def dry_run(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True,
+                allowed_s: float | None = None) -> DryRun:
+        """What ``score`` would do now with the same arguments, decoding and queueing nothing: each prompt's
+        rendered text and tokens, the tokens the cache would serve, what the request's jobs would decode (each job
+        the cache answers whole: nothing; the others as the scheduler foresees them, ``Scheduler.assess``), and
+        what admission would say, as ``readouts`` would raise it (a request too large for any deadline here: the
+        same InputError)."""
+        jobs, done, missing = self._jobs(prepared)
+        admission = self.scheduler.assess([jobs[i] for i in missing], deadline=deadline, by_tokens=by_tokens,
+                                          allowed_s=allowed_s)
+        plans = dict(zip(missing, admission.plans))
+        answer = plans.get(0)
+        if answer is None:
+            cached, readout = done[0][1].cached_tokens, 0
+        else:  # as Runner.finish counts them: the state restored, and the whole prompts answered (no own token)
+            spec = prepared.spec
+            cached = answer.cached_tokens + sum(len(prompt) - spec.head
+                                                for prompt, own in zip(spec.prompts, answer.own_tokens) if own == 0)
+            readout = answer.readout_tokens
+        refusal: Exception | None = admission.refusal
+        if isinstance(refusal, TooLarge):
+            refusal = too_large(prepared.loc, refusal)
+        return DryRun(tuple(tuple(self._dry_prompt(prepared, k) for k in prepared.prompts_of(i))
+                            for i in range(len(prepared.questions))),
+                      prepared.digests, cached, admission.tokens, readout,
+                      sum(plan.tokens for i, plan in plans.items() if i > 0), admission.queued_tokens,
+                      admission.tokens_per_s, admission.estimate_s, refusal)
+
+    def _jobs(self, prepared: Prepared) -> tuple[list[tuple[JobSpec, Plan]], list[Any], list[int]]:
+        """The request's jobs (its answer's, then its priors'), what the cache answers of them whole (None where
+        it does not), and the indices of those it does not: the jobs to queue."""
+        jobs = [(prepared.spec, prepared.plan), *((p.spec, p.plan) for p in prepared.priors)]
+        done = [self.engine.answer_from_cache(spec) for spec, _ in jobs]
+        return jobs, done, [i for i, d in enumerate(done) if d is None]
+
+    def _dry_prompt(self, prepared: Prepared, k: int) -> DryPrompt:
+        """Prompt ``k`` rendered again from its question, ordering and labels (the text ``prepare`` hashed)."""
+        q, order = prepared.questions[prepared.owners[k]], prepared.orders[k]
+        text = self.render(q.state, q.question, self.labels(len(order), q.kind), [q.options[j] for j in order])
+        return DryPrompt(text, len(prepared.tokens[k]), order)
 
 
 def too_large(loc: Loc, exc: TooLarge) -> InputError:
