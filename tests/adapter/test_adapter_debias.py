@@ -216,6 +216,29 @@ def test_a_content_free_state_is_answered_as_off_bit_for_bit_on_both_protocols(s
         assert f"not debiased ({mode}): the state carries no content" in debiased["readout"]
 
 
+@pytest.mark.parametrize("state", ["{}", [], {"events": []}, {"note": "n/a", "owner": None}, "none", "N/A.", "-",
+                                   "  \n\t ", "(none)", "NULL"])
+def test_a_state_without_content_is_recognised_by_content_not_spelling(settings, engine, state):
+    """Empty JSON, white space and the common placeholders skip the state prior as the empty state does: a prior
+    almost equal to the answer would pull it towards the uniform. Answered == debias off, bit for bit."""
+    client = create_app(dataclasses.replace(settings, debias="empty"), engine).test_client()
+    body = {"model": "jev-latest", "state": state, "questions": QUESTION_BORNE}
+    debiased = client.post("/v1/systemone", json=body)
+    off = client.post("/v1/systemone", json={**body, "x_debias": "off"})
+    assert debiased.status_code == off.status_code == 200, debiased.get_data(as_text=True)
+    assert debiased.get_json()["answers"] == off.get_json()["answers"]
+    assert "x_prior_tokens" not in debiased.get_json()
+
+
+@pytest.mark.parametrize("state", ["no", "0", "A ticket arrived.", {"events": [0]}, {"status": "open"}])
+def test_a_state_with_content_keeps_its_prior(state):
+    from decision_adapter.decisions.debias import content_free
+    from decision_adapter.decisions.prompt import state_text
+
+    assert not content_free(state_text(state))
+    assert not content_free("n/a " * 100)  # past PLACEHOLDER_CHARS: content, whatever it spells
+
+
 def test_a_label_prior_keeps_what_the_question_carries(settings, engine):
     """With a generic state, a state prior holds the question's content and divides it out; a label prior holds
     the options alone, so two questions with the same options share it, whatever they ask."""

@@ -11,7 +11,7 @@ Two kinds of prior (``DebiasMode``): a *state prior* replaces the state alone (`
 whatever the question carries is in the prior too and is divided out with the bias; a *label prior* (``label``)
 replaces the state and the question's own text, and keeps the options, their labels, the prompt and the orderings:
 what the model prefers among these label words and positions, whatever is asked. A question whose state carries no
-content (``content_free``: one of the priors' content-free states, an empty state, N/A, ...) has no state prior
+content (``content_free``, by content: white space, a placeholder such as N/A, none or -, empty JSON) has no state prior
 divided out: the prior's prompt would be (nearly) its own prompt, the answer divided by itself, and its content
 sits in its question. A label prior never holds the question, so it is divided out there too (measured: 12 of the
 24 question-borne tasks right against 10 if it were not, docs/benchmarks.md).
@@ -37,6 +37,8 @@ Pure Python: the modes and the arithmetic; the decision model does the scoring.
 """
 
 from __future__ import annotations
+
+import json
 
 import math
 from dataclasses import dataclass
@@ -101,10 +103,43 @@ DEFAULT_STRENGTH = 0.75  # alpha without a calibration that fits one
 DEFAULT_FLOOR = 0.25  # the uniform's share mixed into the prior
 
 
+# What a state says when it says nothing, once case, white space, brackets, quotes and dashes are stripped: the
+# priors' own content-free states and the placeholders integrators send for "no state".
+PLACEHOLDERS = frozenset({
+    "", "n/a", "na", "none", "null", "nil", "mask", "tbd", "undefined", "not available", "not applicable",
+    "no state", "no context", "no data",
+})
+_STRIP = " \t\r\n\f\v.,;:!?*_-\u2010\u2011\u2012\u2013\u2014\u2015\u2026()[]{}<>\"'`"
+# A state longer than this carries content whatever it spells: the check stays O(1) on a 6 MiB state.
+PLACEHOLDER_CHARS = 256
+
+
 def content_free(state: str) -> bool:
-    """Whether a state (as the model reads it) carries no content: one of the priors' content-free states, give or
-    take surrounding white space. No state prior is divided out of its answers."""
-    return state.strip() in CONTENT_FREE_STATES
+    """Whether a state (as the model reads it) carries no content, by content, not spelling: white space, a
+    placeholder (``PLACEHOLDERS``: N/A, none, -, [MASK], ... in any case, bracketed or quoted), or JSON whose every
+    value is such (``{}``, ``[]``, ``{"events": []}``, ``{"note": "n/a"}``: the keys name fields, not content).
+    No state prior is divided out of its answers."""
+    text = state.strip()
+    if len(text) > PLACEHOLDER_CHARS:
+        return False
+    if text.casefold().strip(_STRIP) in PLACEHOLDERS:
+        return True
+    if text[:1] in ("{", "["):
+        try:
+            return _empty_json(json.loads(text))
+        except ValueError:
+            return False
+    return False
+
+
+def _empty_json(value: object) -> bool:
+    if isinstance(value, dict):
+        return all(_empty_json(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_empty_json(v) for v in value)
+    if isinstance(value, str):
+        return value.casefold().strip(_STRIP) in PLACEHOLDERS
+    return value is None
 
 
 def normalised(values: Sequence[float]) -> list[float]:
