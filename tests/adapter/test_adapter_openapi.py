@@ -141,6 +141,53 @@ def test_successful_answers_of_every_route_are_as_documented(client, example):
     s1.SystemOneResponse.model_validate(client.post("/v1/systemone", json=SYSTEM_ONE).get_json(), strict=True)
 
 
+def test_dry_runs_are_as_documented(client, example):
+    """x_dry_run on both protocols and both routes: admitted, and (System One) with labels of several tokens."""
+    decision = {**example["decision"], "permutations": 2, "debias": "empty"}
+    many = {"type": "choice", "criteria": {f"o{i}": None for i in range(30)}}
+    for body in ({"decision": decision, "x_dry_run": True},
+                 {"decisions": [decision, {**decision, "id": "second"}], "x_dry_run": True},
+                 {**SYSTEM_ONE, "x_dry_run": True},
+                 {**SYSTEM_ONE, "questions": {**SYSTEM_ONE["questions"], "m": many}, "x_debias": "empty",
+                  "x_dry_run": True}):
+        response = client.post("/invocations", json=body)
+        documented("/invocations", "post", response)
+        model = ds.DryRunResponse if "x_dry_run" not in response.get_json() else s1.SystemOneDryRunResponse
+        model.model_validate(response.get_json(), strict=True)
+    response = client.post("/v1/systemone", json={**SYSTEM_ONE, "x_dry_run": True})
+    documented("/v1/systemone", "post", response)
+    s1.SystemOneDryRunResponse.model_validate(response.get_json(), strict=True)
+    lines = [json.dumps({**example, "x_dry_run": True}), json.dumps({**SYSTEM_ONE, "x_dry_run": True})]
+    batch = client.post("/invocations", data="\n".join(lines) + "\n", content_type="application/jsonlines")
+    documented("/invocations", "post", batch)
+
+
+def test_dry_runs_that_admission_would_refuse_are_as_documented(tmp_path, settings, example):
+    """The refusal inside a dry run is the error body the route documents for its status: here, work too large for
+    the time a request may take (400; System One 422)."""
+    from adapter_fakes import FakeEngine, fake_model_dir
+
+    class Slow(FakeEngine):
+        def step(self, job) -> bool:
+            import time
+
+            time.sleep(job.tokens / 2000)
+            return super().step(job)
+
+    client = create_app(settings.replace(request_timeout_s=0.1), Slow(fake_model_dir(tmp_path) / "fake.gguf")
+                        ).test_client()
+    system_one = {**SYSTEM_ONE, "state": "Charged twice. " * 40, "x_dry_run": True}
+    for route, body in (("/invocations", {"decision": {**example["decision"], "state": "Charged twice. " * 40},
+                                          "x_dry_run": True}),
+                        ("/invocations", system_one), ("/v1/systemone", system_one)):
+        response = client.post(route, json=body)
+        documented(route, "post", response)
+        report = response.get_json().get("dry_run") or response.get_json()["x_dry_run"]
+        assert report["admitted"] is False and report["status"] in (400, 422), report
+        refusal = DOC["paths"][route]["post"]["responses"][str(report["status"])]["content"]["application/json"]
+        assert not schema_errors(refusal["schema"], report["refusal"])
+
+
 def test_a_batch_answer_is_documented_line_by_line(client, example):
     """Good records, a bad line and an invalid System One record: each line as the line schema says."""
     lines = [json.dumps(example), "{not json", json.dumps(SYSTEM_ONE), json.dumps({"model": "jev-latest", "questions": {}}),

@@ -1,9 +1,12 @@
 """The call an answer is computed in, and what an answer is: shared by every protocol's answer function.
 
 A ``Call`` carries what answering one request object needs: the decision model, the request's ``Budget`` (its
-deadline and what any request may take here, set by how the container is deployed), when it arrived and the
-validation context. ``Call.score`` scores on the model within the budget; what the engine raises (busy, too slow,
-a deadline, a failure) goes up to the server's one error classifier untouched. An ``Answer`` is the payload, the
+deadline and what any request may take here, set by how the container is deployed), when it arrived, the
+validation context and the server's one error classifier. ``Call.score`` scores on the model within the budget;
+what the engine raises (busy, too slow, a deadline, a failure) goes up to that classifier untouched.
+``Call.dry_run`` says what scoring would do now, decoding nothing; the refusal it foresees goes through the same
+classifier (``Call.classify``), so that a dry run reports the very status and error body the request would get.
+An ``Answer`` is the payload, the
 headers and the fields of the request's log line: answer functions write no HTTP state of their own.
 """
 
@@ -11,9 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from ..decisions.model import Answered, DecisionModel, Prepared
+from ..decisions.model import Answered, DecisionModel, DryRun, Prepared
+from ..errors import Failure
 from .fields import RequestContext
 
 
@@ -35,17 +39,24 @@ class Budget:
 @dataclass(frozen=True)
 class Call:
     """What answering one request object needs: the model, the request's budget, when the request arrived
-    (``time.perf_counter()``), and what validation needs beyond the body."""
+    (``time.perf_counter()``), what validation needs beyond the body, and how the server classifies an error
+    (``server.errors.classify``)."""
 
     model: DecisionModel
     budget: Budget
     started: float
     context: RequestContext
+    classify: Callable[[Exception], Failure]
 
     def score(self, prepared: Prepared) -> Answered:
         """Score ``prepared`` through the model's scheduler within the budget; raises what the model raises."""
         budget = self.budget
         return self.model.score(prepared, budget.deadline, by_tokens=budget.by_tokens, allowed_s=budget.allowed_s)
+
+    def dry_run(self, prepared: Prepared) -> DryRun:
+        """What ``score`` would do now within the same budget, decoding nothing (``DecisionModel.dry_run``)."""
+        budget = self.budget
+        return self.model.dry_run(prepared, budget.deadline, by_tokens=budget.by_tokens, allowed_s=budget.allowed_s)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ Owns the request models (pydantic, strict), their translation into ``Question``s
 model, the answer and its result shape, the error body (``{"error": ..., "retryable"?}``, also every
 SageMaker route's) and the response models (for the OpenAPI document). Every problem becomes an
 ``InputError`` whose message names the field, e.g. ``decisions[1].options[0].id repeats the option id 'a'``.
+A body with ``"x_dry_run": true`` is answered with what it would do instead (``dry_run``): ``{"dry_run": {...}}``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pydantic import WithJsonSchema, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS
-from ..decisions.model import Question, Scored
+from ..decisions.model import DryRun, Question, Scored
 from ..decisions.prompt import state_text
 from ..errors import Failure, InputError, Loc
+from . import dry_run
 from .call import Answer, Call
 from .fields import DEBIAS_DESCRIPTION, DebiasName, NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, \
     check_json, printable
@@ -98,12 +100,14 @@ class DecisionRequest(StrictModel):
     """One decision."""
 
     decision: Decision
+    x_dry_run: bool = Field(False, description=dry_run.DESCRIPTION)
 
 
 class DecisionsRequest(StrictModel):
     """Several decisions over one shared state, evaluated once (at most ADAPTER_MAX_DECISIONS)."""
 
     decisions: Annotated[list[Decision], BeforeValidator(_decision_count), Field(min_length=1)]
+    x_dry_run: bool = Field(False, description=dry_run.DESCRIPTION)
 
     @model_validator(mode="after")
     def _one_state_unique_ids(self) -> "DecisionsRequest":
@@ -130,15 +134,21 @@ class Parsed:
 
 def parse(body: dict[str, Any], context: RequestContext) -> tuple[list[Parsed], bool]:
     """(decisions, single) from a body holding ``decision`` or ``decisions``; an InputError otherwise."""
+    decisions, single, _ = parse_request(body, context)
+    return decisions, single
+
+
+def parse_request(body: dict[str, Any], context: RequestContext) -> tuple[list[Parsed], bool, bool]:
+    """(decisions, single, dry run) from a body holding ``decision`` or ``decisions``; an InputError otherwise."""
     single = "decision" in body
-    root: type[StrictModel] = DecisionRequest if single else DecisionsRequest
+    root: type[DecisionRequest | DecisionsRequest] = DecisionRequest if single else DecisionsRequest
     try:
         request = root.model_validate(body, context=context)
     except ValidationError as exc:
         raise first_error(exc, root) from None
-    if single:
-        return [_parsed(request.decision, ("decision",))], True
-    return [_parsed(d, ("decisions", i)) for i, d in enumerate(request.decisions)], False
+    if isinstance(request, DecisionRequest):
+        return [_parsed(request.decision, ("decision",))], True, request.x_dry_run
+    return [_parsed(d, ("decisions", i)) for i, d in enumerate(request.decisions)], False, request.x_dry_run
 
 
 def _parsed(d: Decision, loc: Loc) -> Parsed:
@@ -187,13 +197,18 @@ def _fields_at(root: type[BaseModel], loc: Loc) -> list[str]:
 
 
 def answer(body: dict[str, Any], call: Call) -> Answer:
-    """Answer a ``decision`` or ``decisions`` body. Raises InputError, or what ``call.score`` raises."""
-    decisions, single = parse(body, call.context)
-    answered = call.score(call.model.prepare([d.question for d in decisions]))
+    """Answer a ``decision`` or ``decisions`` body (with ``x_dry_run``: what it would do). Raises InputError, or
+    what ``call.score`` raises."""
+    decisions, single, dry = parse_request(body, call.context)
+    prepared = call.model.prepare([d.question for d in decisions])
+    if dry:
+        return dry_answer(decisions, call.dry_run(prepared), call)
+    answered = call.score(prepared)
     stats = answered.stats
     results = [result(d, s, call.model.model_info) for d, s in zip(decisions, answered.results)]
     timing = {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
-              "total": time.perf_counter() - call.started, "cached_tokens": stats.cached_tokens}
+              "total": time.perf_counter() - call.started, "cached_tokens": stats.cached_tokens,
+              "evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens}
     log = {"decisions": len(decisions), "input_tokens": sum(s.input_tokens for s in answered.results),
            "queue_s": round(answered.queue_s, 6), "prefill_s": round(stats.prefill_s, 6),
            "readout_s": round(stats.readout_s, 6), "evaluated_tokens": stats.evaluated_tokens}
@@ -206,6 +221,13 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
                    "resident_tokens": stats.resident_tokens, "shared_tokens": stats.shared_tokens,
                    "question_tokens": list(stats.own_tokens)})
     return Answer({"results": results, "timing": timing}, log=log)
+
+
+def dry_answer(decisions: list[Parsed], dry: DryRun, call: Call) -> Answer:
+    """A dry run's answer: each decision's prompts, the request's figures and admission's verdict."""
+    payload = {"decisions": [{"id": d.id, **dry_run.prompts(dry, i, d.option_ids)} for i, d in enumerate(decisions)],
+               **dry_run.figures(dry, call, render)}
+    return Answer({"dry_run": payload}, log={"decisions": len(decisions), **dry_run.log_fields(dry)})
 
 
 def render(failure: Failure) -> tuple[dict[str, Any], int]:
@@ -300,6 +322,9 @@ class Timing(Response):
     readout: float
     total: float
     cached_tokens: int | None = Field(None, description="Tokens of the prompt taken from the state cache.")
+    evaluated_tokens: int | None = Field(None, description="Tokens decoded for the request: the state, each "
+                                                           "prompt's own tokens and label paths, and the priors' "
+                                                           "(prior_tokens); not those the cache served.")
     prior: float | None = Field(None, description="Seconds spent scoring debiased decisions' priors (0 when "
                                                   "they came from the cache).")
     prior_tokens: int | None = Field(None, description="Tokens decoded for the priors: 0 when they came from the "
@@ -351,3 +376,19 @@ class Error(Response):
     error: str
     retryable: bool | None = None
     status: int | None = Field(None, description="In a line of a batch answer: the HTTP status of this record.")
+
+
+class DryDecision(dry_run.DryQuestion):
+    id: str
+
+
+class DryRunReport(dry_run.DryRunFigures):
+    decisions: list[DryDecision] = Field(description="Each decision, in the request's order.")
+    refusal: Error | None = Field(None, description="The error body the request would get now (status), when not "
+                                                    "admitted.")
+
+
+class DryRunResponse(Response):
+    """x_dry_run: what the request would do now; nothing was decoded."""
+
+    dry_run: DryRunReport

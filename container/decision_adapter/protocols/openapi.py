@@ -53,14 +53,15 @@ class Ping(ds.Response):
 def _batch_line() -> dict[str, Any]:
     """The schema of one line of a JSON-lines answer (``BatchLine`` in the document)."""
     return {"description": BATCH_LINES,
-            "oneOf": [_ref(m) for m in (ds.DecisionResponse, ds.DecisionsResponse, s1.SystemOneResponse, ds.Error,
+            "oneOf": [_ref(m) for m in (ds.DecisionResponse, ds.DecisionsResponse, s1.SystemOneResponse,
+                                        ds.DryRunResponse, s1.SystemOneDryRunResponse, ds.Error,
                                         s1.ValidationFailure, s1.SystemOneError)]}
 
 
 REQUESTS: list[type[BaseModel]] = [ds.DecisionRequest, ds.DecisionsRequest, s1.SystemOneRequest]
-RESPONSES: list[type[BaseModel]] = [ds.DecisionResponse, ds.DecisionsResponse, ds.Error, s1.SystemOneResponse,
-                                    s1.ValidationFailure, s1.SystemOneError, s1.ModelsResponse, ExecutionParameters,
-                                    Ping]
+RESPONSES: list[type[BaseModel]] = [ds.DecisionResponse, ds.DecisionsResponse, ds.DryRunResponse, ds.Error,
+                                    s1.SystemOneResponse, s1.SystemOneDryRunResponse, s1.ValidationFailure,
+                                    s1.SystemOneError, s1.ModelsResponse, ExecutionParameters, Ping]
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -94,7 +95,8 @@ def document() -> dict[str, Any]:
         "422": _json(s1.ValidationFailure, "Invalid request: pydantic's errors, located from body."),
         "503": _json(s1.SystemOneError, "Busy or not ready: retry (Retry-After)."),
     }
-    answers = {"oneOf": [_ref(ds.DecisionResponse), _ref(ds.DecisionsResponse), _ref(s1.SystemOneResponse)]}
+    answers = {"oneOf": [_ref(m) for m in (ds.DecisionResponse, ds.DecisionsResponse, s1.SystemOneResponse,
+                                           ds.DryRunResponse, s1.SystemOneDryRunResponse)]}
     return {
         "openapi": "3.1.0",
         "info": {"title": "Decision adapter", "version": VERSION,
@@ -110,7 +112,8 @@ def document() -> dict[str, Any]:
                 "requestBody": {"required": True, "content": {
                     "application/json": {"schema": any_body},
                     "application/jsonlines": {"schema": lines, "x-line-schema": any_body}}},
-                "responses": {"200": {"description": "The answer (one line per record for a batch).", "content": {
+                "responses": {"200": {"description": "The answer (one line per record for a batch); with x_dry_run, "
+                                                     "what the request would do.", "content": {
                     "application/json": {"schema": answers},
                     "application/jsonlines": {"schema": lines, "x-line-schema": {"$ref": REF.format(model="BatchLine")}}}},
                     **sagemaker_errors}}},
@@ -122,7 +125,9 @@ def document() -> dict[str, Any]:
             "/v1/systemone": {"post": {
                 "operationId": "systemone", "summary": "System One (TypeSafe-compatible)",
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(s1.SystemOneRequest)}}},
-                "responses": {"200": _json(s1.SystemOneResponse, "Answers by question id."), **systemone_errors},
+                "responses": {"200": _json({"oneOf": [_ref(s1.SystemOneResponse), _ref(s1.SystemOneDryRunResponse)]},
+                                           "Answers by question id; with x_dry_run, what the request would do."),
+                              **systemone_errors},
                 "security": [{}, {"bearer": []}]}},
             "/v1/models": {"get": {
                 "operationId": "models", "summary": "The served model id and its alias",

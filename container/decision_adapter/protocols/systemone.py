@@ -5,7 +5,8 @@ Each question becomes one decision over the request's state, so all questions sh
 prefix; question ids are never shown to the model. ``noul`` is a two-option decision (yes first),
 ``choice`` one option per criterion, ``score`` one option per level in order. The request models are
 pydantic's (strict types); an invalid request gets FastAPI's ``422 {"detail": [{"loc", "msg", "type"}]}``
-with pydantic's own errors, located from ``"body"`` (``["body", "questions", "team", "criteria"]``).
+with pydantic's own errors, located from ``"body"`` (``["body", "questions", "team", "criteria"]``). A body with
+``"x_dry_run": true`` is answered with what it would do instead: ``{"model", "x_dry_run": {...}}`` (``dry_run``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS, QUESTION_TYPES
-from ..decisions.model import Question, Scored
+from ..decisions.model import DryRun, Question, Scored
 from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, json_text, state_text
 from ..errors import Failure, InputError, Loc
+from . import dry_run
 from .call import Answer, Call
 from .fields import DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, printable, string_problem
 
@@ -149,6 +151,7 @@ class SystemOneRequest(SystemOneModel):
     x_debias: DebiasName | None = Field(None, description=DEBIAS_DESCRIPTION)
     x_show_prior: bool | None = Field(None, description="Report each debiased answer's prior over its options "
                                                         "(x_debias.prior, keyed as the answer's probabilities).")
+    x_dry_run: bool | None = Field(None, description=dry_run.DESCRIPTION)
 
     @field_validator("model")
     @classmethod
@@ -187,10 +190,15 @@ class Item:
 
 def parse_items(body: Any, context: RequestContext) -> list[Item]:
     """The items of a System One body; a ValidationError (pydantic's) if it is invalid."""
+    return parse_request(body, context)[0]
+
+
+def parse_request(body: Any, context: RequestContext) -> tuple[list[Item], bool]:
+    """(items, dry run) of a System One body; a ValidationError (pydantic's) if it is invalid."""
     request = SystemOneRequest.model_validate(body, context=context)
     text = state_text(request.state)
     return [_item(qid, q, text, request.x_permutations, request.x_debias, bool(request.x_show_prior))
-            for qid, q in request.questions.items()]
+            for qid, q in request.questions.items()], bool(request.x_dry_run)
 
 
 def parse(body: Any, context: RequestContext) -> tuple[str, str, list[Item]]:
@@ -239,10 +247,13 @@ def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str
 
 
 def answer_request(body: Any, call: Call) -> Answer:
-    """Answer one System One body. Raises ValidationError or InputError (invalid, 422), or what ``call.score``
-    raises."""
-    items = parse_items(body, call.context)
-    answered = call.score(call.model.prepare([item.question for item in items]))
+    """Answer one System One body (with ``x_dry_run``: what it would do). Raises ValidationError or InputError
+    (invalid, 422), or what ``call.score`` raises."""
+    items, dry = parse_request(body, call.context)
+    prepared = call.model.prepare([item.question for item in items])
+    if dry:
+        return dry_answer(items, call.dry_run(prepared), call)
+    answered = call.score(prepared)
     stats = answered.stats
     input_tokens = sum(s.input_tokens for s in answered.results)
     payload = {
@@ -262,6 +273,14 @@ def answer_request(body: Any, call: Call) -> Answer:
         payload["x_prior_tokens"] = answered.prior_tokens
         log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
     return Answer(payload, log=log)
+
+
+def dry_answer(items: list[Item], dry: DryRun, call: Call) -> Answer:
+    """A dry run's answer: each question's prompts by its id, the request's figures and admission's verdict."""
+    payload = {"questions": {item.qid: dry_run.prompts(dry, i, item.names) for i, item in enumerate(items)},
+               **dry_run.figures(dry, call, render)}
+    return Answer({"model": call.model.served_id, "x_dry_run": payload},
+                  log={"questions": len(items), **dry_run.log_fields(dry)})
 
 
 def response_headers(request_id: str) -> dict[str, str]:
@@ -473,3 +492,16 @@ class ServedModel(Response):
 
 class ModelsResponse(Response):
     models: list[ServedModel]
+
+
+class SystemOneDryRun(dry_run.DryRunFigures):
+    questions: dict[str, dry_run.DryQuestion] = Field(description="Each question by its id.")
+    refusal: SystemOneError | ValidationFailure | None = Field(None, description="The error body the request would "
+                                                                                 "get now (status), when not admitted.")
+
+
+class SystemOneDryRunResponse(Response):
+    """x_dry_run: what the request would do now; nothing was decoded."""
+
+    model: str
+    x_dry_run: SystemOneDryRun

@@ -33,7 +33,7 @@ def call(budget: Budget) -> Call:
     state = current()
     model = state.readiness.model
     return Call(model=model, budget=budget, started=current_request().started,
-                context=RequestContext.of(model, state.settings.max_decisions))
+                context=RequestContext.of(model, state.settings.max_decisions), classify=classify)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""The dry run, as both protocols answer it: what a request would do now, decoding nothing.
+
+A body with ``"x_dry_run": true`` at its top level (the decision schema's and System One's, on ``/invocations``
+too) is validated and prepared exactly as for real, so a request refused for its content (validation, a prompt or
+a request too long, a plan too large) is refused the same way, with the same status and body. Otherwise it is
+answered 200 with each question's prompts (each ordering's rendered text, the one whose SHA-256 makes
+``prompt_sha256``, and its tokens) and the figures below (``DecisionModel.dry_run``); nothing is decoded, queued or
+cached. The figures are those the real request then reports, while nothing else changes the cache or the queue:
+``cached_tokens`` is its ``timing.cached_tokens`` / ``x_cached_tokens``, ``decode_tokens`` its
+``timing.evaluated_tokens`` (System One: ``x_evaluated_tokens`` plus ``readout_tokens``, which
+``x_evaluated_tokens`` leaves out). A refusal admission would make now is reported with the status and the error
+body the request would get, classified by the server's one classifier (``Call.classify``) and rendered by the
+protocol's own ``render``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..decisions.model import DryRun
+from ..errors import Failure
+from .call import Call
+
+DESCRIPTION = ("Answer what the request would do instead of scoring it: each question's rendered prompts and their "
+               "tokens, the tokens the cache would serve and those the request would decode, admission's estimate "
+               "and whether it would be admitted now (else the status and error body it would get). Nothing is "
+               "decoded. A request refused for its content is refused the same way. Works on /invocations too.")
+
+
+def figures(dry: DryRun, call: Call, render: Callable[[Failure], tuple[dict[str, Any], int]]) -> dict[str, Any]:
+    """The totals of a dry run and admission's verdict, the refusal rendered as the protocol renders errors."""
+    out: dict[str, Any] = {
+        "prompt_tokens": dry.prompt_tokens, "cached_tokens": dry.cached_tokens, "decode_tokens": dry.decode_tokens,
+        "readout_tokens": dry.readout_tokens, "prior_tokens": dry.prior_tokens, "queued_tokens": dry.queued_tokens,
+        "tokens_per_s": dry.tokens_per_s, "estimate_s": dry.estimate_s, "admitted": dry.admitted, "status": 200}
+    if dry.refusal is not None:
+        body, status = render(call.classify(dry.refusal))
+        out.update(status=status, refusal=body)
+    return out
+
+
+def prompts(dry: DryRun, question: int, names: tuple[str, ...]) -> dict[str, Any]:
+    """Question ``question``'s prompts, its options named by ``names`` (in the request's order)."""
+    mine = dry.prompts[question]
+    return {"prompt_sha256": dry.digests[question], "input_tokens": sum(p.tokens for p in mine),
+            "prompts": [{"text": p.text, "tokens": p.tokens, "options": [names[j] for j in p.order]} for p in mine]}
+
+
+def log_fields(dry: DryRun) -> dict[str, Any]:
+    """The request's log line: a dry run decodes nothing, so none of the fields the timing metrics count."""
+    return {"dry_runs": 1, "input_tokens": dry.prompt_tokens, "dry_decode_tokens": dry.decode_tokens}
+
+
+# ---- Responses (closed, as every response model is) ----------------------------------------------------------
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DryPrompt(Closed):
+    """One prompt a question would be scored with (one per ordering of its options)."""
+
+    text: str = Field(description="The whole rendered prompt: with one ordering its SHA-256 is the answer's "
+                                  "prompt_sha256; with several, prompt_sha256 is that of the orderings' texts "
+                                  "joined by NUL.")
+    tokens: int = Field(description="Its tokens, the template's head included.")
+    options: list[str] = Field(description="The options it shows, in label order (A, B, ...): their ids (System "
+                                           "One: names; score levels: their keys; noul: true and false).")
+
+
+class DryQuestion(Closed):
+    prompt_sha256: str = Field(description="What the answer's prompt_sha256 (x_prompt_sha256) will be.")
+    input_tokens: int = Field(description="Its prompts' tokens: what the answer's input_tokens will be.")
+    prompts: list[DryPrompt]
+
+
+class DryRunFigures(Closed):
+    """What the request would do now. Its figures are those the real request then reports while nothing else
+    changes the cache or the queue."""
+
+    prompt_tokens: int = Field(description="Every prompt's tokens, the template's head included (the answers' "
+                                           "input_tokens summed; System One: usage.input_tokens).")
+    cached_tokens: int = Field(description="Prompt tokens the state cache would serve (its state, or whole "
+                                           "prompts whose answers it holds; the resident head is not counted): "
+                                           "what timing.cached_tokens (x_cached_tokens) will say.")
+    decode_tokens: int = Field(description="Tokens the request would decode: the state, each prompt's own tokens "
+                                           "and label paths, and the priors' jobs (prior_tokens); what admission "
+                                           "charges it. timing.evaluated_tokens will say the same (System One: "
+                                           "x_evaluated_tokens + readout_tokens).")
+    readout_tokens: int = Field(description="Of decode_tokens, the answers' label-path tokens (labels of several "
+                                            "tokens, past 26 options), which x_evaluated_tokens leaves out.")
+    prior_tokens: int = Field(description="Of decode_tokens, the debias priors' (timing.prior_tokens, "
+                                          "x_prior_tokens); 0 when the cache holds them.")
+    queued_tokens: int = Field(description="Tokens of the work queued and running ahead of it.")
+    tokens_per_s: float | None = Field(description="The decode speed admission reckons with, measured on the jobs "
+                                                   "run so far; null before the first.")
+    estimate_s: float | None = Field(description="Seconds admission estimates until its work is done: "
+                                                 "queued_tokens and decode_tokens at tokens_per_s (0 when the cache "
+                                                 "answers it whole; null before any job has run).")
+    admitted: bool = Field(description="Whether admission would take it now.")
+    status: int = Field(description="The status the request would get now: 200, else that of refusal (503 busy "
+                                    "or too slow, retryable; 400, System One 422, value_error.request_too_slow "
+                                    "when its work can never fit a request's time here).")
