@@ -2,8 +2,8 @@
 nothing, with the figures the real run then reports.
 
 On the real embedded model: a dry run, then the same request for real, then both again once everything is cached,
-and a new question over the cached state; debias on (prior jobs) and two orderings, and labels of several tokens
-(readout tokens, which System One's ``x_evaluated_tokens`` leaves out). The prompts' texts hash to the answers'
+a new question over the cached state, and a state that grew (a cached prefix); debias on (prior jobs) and two
+orderings, and labels of several tokens (readout tokens, which System One's ``x_evaluated_tokens`` leaves out). The prompts' texts hash to the answers'
 ``prompt_sha256``. A request refused for its content is refused the same way in a dry run; admission's refusals
 (busy, too large) are reported with the status and body the real request gets.
 """
@@ -154,6 +154,19 @@ def test_a_dry_run_reports_what_the_real_run_then_does(fresh, route, protocol, m
     third, answer3 = run(fresh, route, protocol, other)
     assert dry_figures(protocol, third) == real_figures(protocol, answer3)
     assert third["cached_tokens"] > 0 and third["decode_tokens"] > third["prior_tokens"] > 0
+
+
+@pytest.mark.parametrize("route, protocol", [("/invocations", "decisions"), ("/invocations", "systemone")])
+def test_a_dry_run_over_a_state_that_grew_counts_the_prefix_the_cache_serves(fresh, route, protocol):
+    """An agent's log that grew by a few lines: the dry run counts the cached prefix (up to one of the state's
+    micro-batch boundaries) as the real run then does, and only the rest as decoded."""
+    log = "\n".join(f"{i:03d} {uuid.uuid4().hex[:6]} the agent read the ticket and updated its notes." for i in range(60))
+    make = walkthrough if protocol == "decisions" else system_one
+    run(fresh, route, protocol, make(log))
+    grown = make(log + "\n060 the customer replied that the charge is still there.")
+    report, answer = run(fresh, route, protocol, grown)
+    assert dry_figures(protocol, report) == real_figures(protocol, answer)
+    assert report["cached_tokens"] >= 512, "the state's first micro-batch came from the cache"
 
 
 def answer_head_tokens(client, report: dict) -> int:
