@@ -244,12 +244,17 @@ def adapter_step(endpoint: HttpEndpoint, step: Step) -> dict[str, Any]:
     """One step on an adapter: its probabilities and its own account of the work (``timing``)."""
     body, wall = endpoint.call(step.body)
     [result], timing = body["results"], body["timing"]
-    decoded = timing["shared_tokens"] + sum(timing["question_tokens"]) + \
-        (step.readout_tokens if any(timing["question_tokens"]) else 0)
+    prior_tokens = timing.get("prior_tokens", 0)
+    if "evaluated_tokens" in timing:  # the request's tokens decoded, the priors' included
+        decoded = timing["evaluated_tokens"] - prior_tokens
+    else:
+        decoded = timing["shared_tokens"] + sum(timing["question_tokens"]) + \
+            (step.readout_tokens if any(timing["question_tokens"]) else 0)
     return {"probabilities": result["probabilities"], "prompt_sha256": result["prompt_sha256"],
             "input_tokens": result["input_tokens"], "resident_tokens": timing["resident_tokens"],
             "shared_tokens": timing["shared_tokens"], "question_tokens": timing["question_tokens"],
-            "cached_tokens": timing["cached_tokens"], "decoded_tokens": decoded,
+            "cached_tokens": timing["cached_tokens"], "evaluated_tokens": timing.get("evaluated_tokens"),
+            "decoded_tokens": decoded, "prior_tokens": prior_tokens, "prior_s": timing.get("prior", 0.0),
             "prefill_s": timing["prefill"], "readout_s": timing["readout"], "queue_s": timing["queue"],
             "total_s": timing["total"], "seconds": timing["prefill"] + timing["readout"], "wall_s": wall}
 
@@ -363,6 +368,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     rows, total = result["rows"], result["summary"]
     server = all(r["llama_server"] is not None for r in rows)
+    priors = {name: sum(r[name].get("prior_tokens", 0) for r in rows) for name in ("warm", "fresh")}
+    prior = (f"here {priors['warm']:,} prior tokens warm and {priors['fresh']:,} fresh over the {len(rows)} steps"
+             if any(priors.values()) else "none here")
     lines = [
         f"Model `{result['model']}`, {len(rows)} steps over a {result['state']} event log of about "
         f"{result['log_tokens']} tokens growing {100 * result['growth']:.0f}% of that a step, one decision "
@@ -371,8 +379,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"llama-server: one slot, `cache_prompt: true`, sent the adapter's prompt tokens. Input: the prompt's tokens "
         f"less the resident head (state and question). Decoded: the adapter's `timing` (state tokens decoded and "
         f"the question's own), llama-server's `prompt_n`. Seconds: each server's own timing (the adapter's prefill "
-        f"+ readout, llama-server's `prompt_ms`). Floor: what an exact prefix restore must still decode (the new "
-        f"state tokens, the part of a micro-batch before them decoded again, the question). "
+        f"+ readout, llama-server's `prompt_ms`). A debiased decision's prior (the default debias: a job of its "
+        f"own, cached after step 1 on the warm server, decoded at every step on the fresh one) is not in these "
+        f"tokens and seconds ({prior}); the wall time has it. Floor: what an exact prefix restore must still decode "
+        f"(the new state tokens, the part of a micro-batch before them decoded again, the question). "
         f"Reproduce: `{result['command']}`", "",
         "| step | state tokens | input | floor | decoded warm | fresh | llama-server | warm / input | "
         "warm s | fresh s | llama-server s | warm / fresh | llama-server / fresh | warm == fresh |",

@@ -143,6 +143,9 @@ def test_the_markdown_has_a_row_per_step_the_totals_and_the_command():
            "0.23 | 0.14 | yes |" in table
     assert "| 3 | " in table and "**no**" in table
     assert "Steps 2-3: decoded 804 of 2,340 input tokens warm" in table and "not met" in table
+    assert "tokens and seconds (none here)" in table
+    runs["fresh"][1]["prior_tokens"] = 30
+    assert "(here 0 prior tokens warm and 30 fresh over the 3 steps)" in markdown(result)
     runs.pop("llama_server")
     rows = rows_of(steps, runs, batch_tokens=512)
     assert "| 1 | 1,000 | 1,020 | 1,020 (1,000 new + 0 again + 20) | 1,020 | 1,020 | - |" in markdown(
@@ -192,11 +195,11 @@ def test_a_short_loop_answers_every_step_on_both_adapters_and_llama_server_alike
     assert "| 3 | " in table and "Steps 2-3: decoded" in table
 
 
-@pytest.mark.xfail(strict=True, reason="prefix reuse across requests (issue 32) is not in yet: every step decodes "
-                                       "its whole state; remove this mark when it lands")
 def test_a_warm_step_decodes_only_past_the_last_shared_micro_batch(loop):
+    """The warm adapter restores the longest prefix of the previous step's state that ends on a micro-batch
+    boundary of its own: it decodes exactly the floor, fewer tokens than the fresh decode."""
     _, result = loop
     for row in result["rows"][1:]:
         warm, fresh = row["warm"], row["fresh"]
-        assert row["floor"]["tokens"] <= warm["decoded_tokens"] < fresh["decoded_tokens"], row["step"]
-        assert warm["cached_tokens"] >= row["floor"]["reusable"] > 0
+        assert warm["decoded_tokens"] == row["floor"]["tokens"] < fresh["decoded_tokens"], row["step"]
+        assert warm["cached_tokens"] == row["floor"]["reusable"] > 0
