@@ -87,7 +87,7 @@ class FakeEngine:
 
     lock = threading.Lock()
 
-    def answer_from_cache(self, spec: JobSpec):
+    def answer_from_cache(self, spec: JobSpec, *, touch: bool = True):
         return None  # the fake keeps no cache: every job reaches step()
 
     def foresee(self, spec: JobSpec, plan: Plan, ahead: frozenset[bytes]) -> Plan:

@@ -180,10 +180,13 @@ def test_a_dry_run_decodes_nothing_and_caches_nothing(fresh):
     model = fresh.application.extensions["decision_adapter"].readiness.model
     body = walkthrough(state())
     speed = model.scheduler.tokens_per_s
+    cache = model.engine.cache
+    stats, held = dataclasses.replace(cache.stats), cache.bytes
     first = post(fresh, "/invocations", dry(body)).get_json()["dry_run"]
     second = post(fresh, "/invocations", dry(body)).get_json()["dry_run"]
     assert first["decode_tokens"] == second["decode_tokens"] > 0 and second["cached_tokens"] == 0
     assert model.scheduler.tokens_per_s == speed and model.scheduler.queued_tokens == 0
+    assert cache.stats == stats and cache.bytes == held, "a dry run looks at the cache without using it"
 
 
 @pytest.mark.parametrize("route, body, why", [

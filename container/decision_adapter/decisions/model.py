@@ -60,7 +60,7 @@ class ScoringEngine(Protocol):
 
     def plan(self, spec: JobSpec) -> Plan: ...
 
-    def answer_from_cache(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats] | None: ...
+    def answer_from_cache(self, spec: JobSpec, *, touch: bool = True) -> tuple[list[PromptScore], ScoreStats] | None: ...
 
     def close(self) -> None: ...
 
@@ -234,7 +234,7 @@ class DecisionModel:
         the cache answers whole: nothing; the others as the scheduler foresees them, ``Scheduler.assess``), and
         what admission would say, as ``readouts`` would raise it (a request too large for any deadline here: the
         same InputError)."""
-        jobs, done, missing = self._jobs(prepared)
+        jobs, done, missing = self._jobs(prepared, touch=False)
         admission = self.scheduler.assess([jobs[i] for i in missing], deadline=deadline, by_tokens=by_tokens,
                                           allowed_s=allowed_s)
         plans = dict(zip(missing, admission.plans))
@@ -255,11 +255,13 @@ class DecisionModel:
                       sum(plan.tokens for i, plan in plans.items() if i > 0), admission.queued_tokens,
                       admission.tokens_per_s, admission.estimate_s, refusal)
 
-    def _jobs(self, prepared: Prepared) -> tuple[list[tuple[JobSpec, Plan]], list[Any], list[int]]:
+    def _jobs(self, prepared: Prepared, *, touch: bool = True) -> tuple[list[tuple[JobSpec, Plan]], list[Any],
+                                                                        list[int]]:
         """The request's jobs (its answer's, then its priors'), what the cache answers of them whole (None where
-        it does not), and the indices of those it does not: the jobs to queue."""
+        it does not), and the indices of those it does not: the jobs to queue. ``touch=False``: looked up without
+        using the cache (a dry run)."""
         jobs = [(prepared.spec, prepared.plan), *((p.spec, p.plan) for p in prepared.priors)]
-        done = [self.engine.answer_from_cache(spec) for spec, _ in jobs]
+        done = [self.engine.answer_from_cache(spec, touch=touch) for spec, _ in jobs]
         return jobs, done, [i for i, d in enumerate(done) if d is None]
 
     def _dry_prompt(self, prepared: Prepared, k: int) -> DryPrompt:

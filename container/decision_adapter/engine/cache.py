@@ -158,6 +158,13 @@ class PrefixCache:
         with self._lock:
             return self._find(key, pin=False)
 
+    def peek(self, key: bytes) -> Any | None:
+        """The value under ``key``, as ``get`` would give it, leaving the order and the stats as they are (a dry
+        run looks, it does not use)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.value if entry is not None else None
+
     def acquire(self, key: bytes) -> Any | None:
         """``get``, and hold the entry until ``release``: it is not evicted while a job restores from it."""
         with self._lock:

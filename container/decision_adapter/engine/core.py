@@ -117,12 +117,14 @@ class Engine:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""
         return plan_job(spec, self.limits)
 
-    def answer_from_cache(self, spec: JobSpec) -> tuple[list[PromptScore], ScoreStats] | None:
+    def answer_from_cache(self, spec: JobSpec, *, touch: bool = True) -> tuple[list[PromptScore], ScoreStats] | None:
         """Every prompt's answer when the cache holds them all (an identical repeat): nothing to decode, so the
-        caller needs no place in the scheduler's queue. Any thread may call this."""
+        caller needs no place in the scheduler's queue. ``touch=False`` looks without using: the cache's order
+        and stats stay as they are (a dry run). Any thread may call this."""
         scores = []
+        look = self.cache.get if touch else self.cache.peek
         for key in answer_keys(spec):
-            score = self.cache.get(key)
+            score = look(key)
             if score is None:
                 return None
             scores.append(score)
