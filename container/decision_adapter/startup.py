@@ -45,18 +45,31 @@ class Readiness:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._done = threading.Event()
-        self.state = "loading"
-        self.reason = "loading the model"
+        self._state = "loading"
+        self._reason = "loading the model"
         self.model: DecisionModel | None = None
+
+    @property
+    def state(self) -> str:
+        """loading, ready or failed; a ready model whose scheduler thread died has failed (nothing can score)."""
+        if self._state == "ready" and self.model is not None and not self.model.scheduler.alive:
+            return "failed"
+        return self._state
+
+    @property
+    def reason(self) -> str:
+        if self._state == "ready" and self.model is not None and not self.model.scheduler.alive:
+            return "the scheduler thread died (its traceback is in the log): no request can be scored; restart"
+        return self._reason
 
     def ready(self, model: DecisionModel) -> None:
         with self._lock:
-            self.model, self.state, self.reason = model, "ready", "model loaded, verified and probed"
+            self.model, self._state, self._reason = model, "ready", "model loaded, verified and probed"
         self._done.set()
 
     def failed(self, reason: str) -> None:
         with self._lock:
-            self.state, self.reason = "failed", reason
+            self._state, self._reason = "failed", reason
         self._done.set()
 
     def wait(self, timeout_s: float) -> bool:

@@ -310,3 +310,40 @@ def test_a_request_that_can_never_fit_its_deadline_gets_a_4xx_saying_what_it_nee
 
     roomy = create_app(settings.replace(request_timeout_s=20.0), TimedEngine(engine.model_path))
     assert roomy.test_client().post("/invocations", json=many_questions(12, system_one=False)).status_code == 200
+
+
+class _Died(BaseException):
+    """What no job raises: something that ends the scheduler thread itself."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_scheduler_thread_turns_ping_to_503_and_fails_its_queue_at_once(settings, engine, monkeypatch):
+    """A scheduler thread that died can score nothing: /ping says so (SageMaker replaces the instance), scoring
+    routes get the not-ready 503 at once, and a request already waiting fails instead of waiting out its deadline."""
+    from decision_adapter.server.app import create_app
+    from adapter_apps import close_app
+
+    app = create_app(settings, engine)
+    try:
+        client = app.test_client()
+        model = app.extensions["decision_adapter"].readiness.model
+        assert client.get("/ping").status_code == 200
+
+        def die(ticket):
+            raise _Died()
+
+        monkeypatch.setattr(model.scheduler, "_run", die)
+        body = {"decision": {"id": "d", "state": "A ticket arrived.", "question": "Who handles it?",
+                             "options": [{"id": "billing"}, {"id": "tech"}]}}
+        started = time.monotonic()
+        first = client.post("/invocations", json=body)
+        assert first.status_code == 500 and first.get_json() == {"error": "scoring failed"}
+        assert time.monotonic() - started < 10, "failed at once, not at its deadline"
+        model.scheduler._thread.join(5)
+        ping = client.get("/ping")
+        assert ping.status_code == 503 and ping.get_json()["status"] == "failed"
+        assert "scheduler thread died" in ping.get_json()["detail"]
+        again = client.post("/invocations", json=body)
+        assert again.status_code == 503 and "scheduler thread died" in again.get_json()["error"]
+    finally:
+        close_app(app)

@@ -81,6 +81,9 @@ class JobScheduler(Protocol):
 
     def stop(self, timeout_s: float = 30.0) -> bool: ...
 
+    @property
+    def alive(self) -> bool: ...
+
 
 def prompt_layout(engine: ScoringEngine, style: PromptStyle) -> PromptLayout:
     """The model's prompt layout for ``style``, rendered once from its chat template (its ``version`` is what a

@@ -149,6 +149,8 @@ class Scheduler:
             refusal = self._refusal(sum(t.tokens for t in tickets), end, by_tokens, allowed_s)
             if refusal is not None:
                 raise refusal
+            if not self._thread.is_alive():  # no thread would ever take the jobs
+                raise ScoringFailed("the scheduler thread died")
             for ticket in tickets:
                 self._queued_tokens += ticket.tokens
                 self._queue.append(ticket)
@@ -258,7 +260,28 @@ class Scheduler:
 
     # ---- the scheduler thread ------------------------------------------------------------------
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread that runs the jobs is running (or stopped as asked): a scheduler whose thread died
+        can score nothing, and ``/ping`` says so."""
+        return self._thread.is_alive() or self._stopping
+
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException:
+            # Nothing a job raises gets here (``_run`` keeps one job's failure to it); whatever did leaves the
+            # jobs queued without a thread: they fail at once rather than wait for their deadlines.
+            log.exception("the scheduler thread died")
+            with self._ready:
+                for ticket in self._queue:
+                    self._queued_tokens -= ticket.tokens
+                    if not ticket.future.done():
+                        ticket.future.set_exception(ScoringFailed("the scheduler thread died"))
+                self._queue.clear()
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._ready:
                 while not self._queue and not self._stopping:
@@ -272,6 +295,10 @@ class Scheduler:
                 self._running = ticket
             try:
                 self._run(ticket)
+            except BaseException:
+                if not ticket.future.done():
+                    ticket.future.set_exception(ScoringFailed("the scheduler thread died"))
+                raise
             finally:
                 with self._ready:
                     self._running = None
