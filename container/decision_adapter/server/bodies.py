@@ -7,13 +7,16 @@
   in numpy).
 - ``parse_json``: strict UTF-8 JSON, no ``NaN``/``Infinity``; ``parse_invocation``: one JSON value, or a
   JSON-lines body, or an ``application/json`` body holding several objects one per line (Batch Transform's
-  SplitType=Line), as numbered records (``split_records``), each body parsed once.
+  SplitType=Line), as numbered records (``split_records``: counted against the line cap before any is read, then
+  read one at a time; the blank lines that end a body are none), each body parsed once.
 - ``dumps``: every response body, as JSON that any parser reads (no NaN or infinity, valid UTF-8).
 
 Every step is linear in the body and none holds the GIL for long: decompression works in pieces (zlib and
-zstd release the GIL inside), the depth pass in numpy over pieces of ``DEPTH_PIECE`` bytes, UTF-8 decoding and
-``json``'s scanner are linear C (``int`` refuses numbers of more than 4,300 digits before converting them), so
-``/ping`` and the scheduler keep running while a 6 MiB body is read.
+zstd release the GIL inside), the depth pass in numpy over pieces of ``DEPTH_PIECE`` bytes, the scans for lines
+and white space over pieces of ``LINE_PIECE`` bytes, UTF-8 decoding and ``json``'s scanner are linear C (``int``
+refuses numbers of more than 4,300 digits before converting them), so ``/ping`` and the scheduler keep running
+while a 6 MiB body is read. Splitting a body into lines keeps nothing per line: its peak is the body's text beside
+one piece's working set, however many lines it has.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import json
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 import zstandard
@@ -209,39 +212,62 @@ def _reject_constant(name: str) -> Any:
 
 
 @dataclass(frozen=True)
+class Records:
+    """The records of a body of lines, numbered from 1: ``for number, line in records`` reads them one at a time,
+    each line a copy of its bytes made as it is read (its ``\\r`` ending dropped), so that splitting a body builds
+    nothing per line and holds at most one line beside the body. Lines end at ``\\n``; the blank lines that end
+    the body are no records (white space after the last record, as after a JSON value), a blank line between
+    records is one (an empty record: its error line keeps the answer one line per line sent)."""
+
+    data: bytes
+    count: int
+    end: int  # where the last record ends
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        data, end, pos = self.data, self.end, 0
+        for number in range(1, self.count + 1):
+            stop = data.find(b"\n", pos, end)
+            if stop < 0:
+                stop = end
+            yield number, data[pos:stop].rstrip(b"\r")
+            pos = stop + 1
+
+
+@dataclass(frozen=True)
 class Invocation:
     """A parsed ``/invocations`` body: one JSON value, or numbered records (one per line)."""
 
     value: Any = None
-    records: list[tuple[int, bytes]] | None = None
+    records: Records | None = None
 
 
 _STRICT = json.JSONDecoder(parse_constant=_reject_constant)
+LINE_PIECE = 256 * 1024  # bytes per step of a scan for lines or white space: the GIL can change hands between steps
 
 
 def parse_invocation(data: bytes, *, lines: bool, max_lines: int) -> Invocation:
     """A body of records (``lines``: JSON lines), or an ``application/json`` body: one JSON value (which may span
     lines), or several values one per line (Batch Transform's SplitType=Line with BatchStrategy=MultiRecord): its
     first value is followed by more on another line, or (a malformed first record) it is no single value and one
-    of its other lines is a request object on its own. The body is parsed once."""
+    of its other lines is a request object on its own (``_malformed``). The body is parsed once."""
     if lines:
         return Invocation(records=split_records(data, max_lines))
-    if b"\n" not in data.strip():
+    first, end = _content(data)
+    if _find(data, b"\n", first, end) < 0:
         return Invocation(parse_json(data))
     check_depth(data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        if _has_record(data):
-            return Invocation(records=split_records(data, max_lines))
-        text = _text(data)  # raises, saying where
+        return _malformed(data, None, max_lines)
     start = _WHITESPACE.match(text).end()
     try:
         value, end = _STRICT.raw_decode(text, start)
     except ValueError:
-        if _has_record(data):
-            return Invocation(records=split_records(data, max_lines))
-        return Invocation(_loads(text))  # raises, in the parser's words
+        return _malformed(data, text, max_lines)
     gap = _WHITESPACE.match(text, end).end()
     if gap == len(text):
         return Invocation(value)
@@ -250,32 +276,92 @@ def parse_invocation(data: bytes, *, lines: bool, max_lines: int) -> Invocation:
     return Invocation(_loads(text))  # raises "Extra data", in the parser's words
 
 
-def _has_record(data: bytes) -> bool:
-    """Whether a line after the first is a whole request object on its own (``decision``, ``decisions`` or
-    ``questions``): what makes a body whose first line is malformed a body of records."""
-    for line in data.split(b"\n")[1:]:
-        line = line.strip()
-        if not line.startswith(b"{"):
-            continue
-        try:
-            value = parse_json(line)
-        except InputError:
-            continue
-        if isinstance(value, dict) and value.keys() & {"decision", "decisions", "questions"}:
-            return True
-    return False
+def _malformed(data: bytes, text: str | None, max_lines: int) -> Invocation:
+    """An ``application/json`` body of several lines whose first value does not parse (``text``: the body decoded,
+    None where it is not UTF-8): its records if a line after the first is a request object on its own (a malformed
+    first record), else refused in the parser's words. Its lines are counted first, and none is read past
+    ``max_lines``: such a body could not be answered as records either, and the refusal says both."""
+    end = _content(data)[1]
+    count = _line_count(data, end)
+    if count <= max_lines:
+        records = Records(data, count, end)
+        lines = iter(records)
+        next(lines)
+        if any(_is_request_object(line) for _, line in lines):
+            return Invocation(records=records)
+    try:
+        _loads(_text(data) if text is None else text)
+    except InputError as exc:
+        if count <= max_lines:
+            raise
+        raise InputError((), f"{exc.msg} (as records, one a line, its {count} lines are over the limit of "
+                             f"{max_lines})", exc.kind) from None
+    raise AssertionError("a body whose first value does not parse parsed")  # pragma: no cover
 
 
-def split_records(data: bytes, max_lines: int) -> list[tuple[int, bytes]]:
-    """Numbered lines of a JSON-lines body (a last empty line ends the body, it is no record)."""
-    lines = data.split(b"\n")
-    if lines and not lines[-1].strip():
-        lines.pop()
-    if not lines:
-        raise ApiError(400, "the JSON-lines body has no lines")
-    if len(lines) > max_lines:
-        raise ApiError(400, f"the JSON-lines body has {len(lines)} lines, over the limit of {max_lines}")
-    return [(number, line.rstrip(b"\r")) for number, line in enumerate(lines, start=1)]
+_OBJECT_START = re.compile(rb"[ \t\r\n\x0b\x0c]*\{")
+
+
+def _is_request_object(line: bytes) -> bool:
+    """Whether ``line`` is a whole request object on its own (``decision``, ``decisions`` or ``questions``): what
+    makes a body whose first line is malformed a body of records. A line that cannot be one is not parsed: it does
+    not start with ``{``, or spells none of the keys (a key is its letters, or holds a backslash escape)."""
+    if not _OBJECT_START.match(line) or not (b"decision" in line or b"questions" in line or b"\\" in line):
+        return False
+    try:
+        check_depth(line)
+        value = _STRICT.decode(line.decode("utf-8"))
+    except ValueError:  # the line's own errors (InputError, UnicodeDecodeError, JSONDecodeError): not a record
+        return False
+    return isinstance(value, dict) and bool(value.keys() & {"decision", "decisions", "questions"})
+
+
+def split_records(data: bytes, max_lines: int) -> Records:
+    """The numbered lines of a JSON-lines body (``Records``), counted before any is read: over ``max_lines`` (or
+    none but blank ones) the body is refused. Linear in pieces of ``LINE_PIECE`` bytes, nothing kept per line."""
+    end = _content(data)[1]
+    if not end:
+        raise ApiError(400, "the JSON-lines body has no lines" if not data else
+                       "the JSON-lines body has no lines but blank ones")
+    count = _line_count(data, end)
+    if count > max_lines:
+        raise ApiError(400, f"the JSON-lines body has {count} lines, over the limit of {max_lines}")
+    return Records(data, count, end)
+
+
+def _line_count(data: bytes, end: int) -> int:
+    """The lines of ``data[:end]`` (``end`` > 0): its newlines and one, counted in pieces of ``LINE_PIECE`` bytes."""
+    return 1 + sum(data.count(b"\n", at, min(at + LINE_PIECE, end)) for at in range(0, end, LINE_PIECE))
+
+
+def _content(data: bytes) -> tuple[int, int]:
+    """Where the body's first byte other than ASCII white space is, and where its last ends (for a body of
+    white space: (0, 0)), read in pieces from each end."""
+    end = len(data)
+    while end:
+        at = max(0, end - LINE_PIECE)
+        kept = len(data[at:end].rstrip())
+        if kept:
+            end = at + kept
+            break
+        end = at
+    first = 0
+    while first < end:
+        piece = data[first:min(first + LINE_PIECE, end)]
+        skipped = len(piece) - len(piece.lstrip())
+        first += skipped
+        if skipped < len(piece):
+            break
+    return min(first, end), end
+
+
+def _find(data: bytes, what: bytes, start: int, end: int) -> int:
+    """``data.find(what, start, end)`` for a one-byte ``what``, in pieces of ``LINE_PIECE`` bytes."""
+    for at in range(start, end, LINE_PIECE):
+        found = data.find(what, at, min(at + LINE_PIECE, end))
+        if found >= 0:
+            return found
+    return -1
 
 
 def dumps(payload: Any) -> str:
