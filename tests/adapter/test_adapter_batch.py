@@ -114,6 +114,59 @@ def test_two_objects_on_one_line_are_not_json(client, example):
     assert "the body is not valid JSON: Extra data" in response.get_json()["error"]
 
 
+DECISION_BAD = json.dumps({"decision": {"id": "x"}})  # a decision-schema record that fails its validation
+S1_BAD = json.dumps({"model": "jev-latest", "state": "s", "questions": {"q": {"type": "nope"}}})  # System One's 422
+S1_BROKEN = '{"model": "jev-latest", "state": "s", "questions": {"q": {"type": "noul"}'  # cut short
+
+
+def line_shape(line: dict) -> tuple:
+    """An error line as (status, the decision schema's message) or (status, System One's first detail type)."""
+    if "error" in line:
+        return line["status"], line["error"]
+    return line["status"], line["detail"][0]["type"], line["detail"][0]["loc"]
+
+
+@pytest.mark.parametrize("body, content_type, expected", [
+    # the blank lines that end a body are no records; one between records is an empty record
+    ("\n".join([DECISION_BAD, DECISION_BAD]) + "\n\n", "application/jsonlines",
+     [(400, "line 1: decision.state is required"), (400, "line 2: decision.state is required")]),
+    ("\n".join([DECISION_BAD, DECISION_BAD]) + "\n\n \r\n\n", "application/json",
+     [(400, "line 1: decision.state is required"), (400, "line 2: decision.state is required")]),
+    (DECISION_BAD + "\n\n" + DECISION_BAD + "\n\n", "application/jsonlines",
+     [(400, "line 1: decision.state is required"), (400, "line 2: is empty"),
+      (400, "line 3: decision.state is required")]),
+    # a record that does not say its protocol gets its error in the protocol of the body's other records
+    ("\n".join([S1_BROKEN, S1_BAD]), "application/jsonlines",
+     [(422, "json_invalid", ["body"]), (422, "union_tag_invalid", ["body", "questions", "q", "type"])]),
+    ("\n".join([S1_BROKEN, S1_BAD, S1_BAD]) + "\n", "application/json",  # a malformed first record
+     [(422, "json_invalid", ["body"])] + [(422, "union_tag_invalid", ["body", "questions", "q", "type"])] * 2),
+    ("\n".join([S1_BAD, "", "[1, 2]", '{"state": "s"}', S1_BAD]), "application/jsonlines",
+     [(422, "union_tag_invalid", ["body", "questions", "q", "type"]), (422, "value_error", ["body"]),
+      (422, "value_error", ["body"]), (422, "value_error", ["body"]),
+      (422, "union_tag_invalid", ["body", "questions", "q", "type"])]),
+    ("\n".join([DECISION_BAD, S1_BROKEN]), "application/jsonlines",
+     [(400, "line 1: decision.state is required"),
+      (400, "line 2: the body is not valid JSON: Expecting ',' delimiter: line 1 column 74 (char 73)")]),
+    # records of both protocols, or none that says: the route's shape, the decision schema's
+    ("\n".join([S1_BAD, DECISION_BAD, ""]) + "\n" + S1_BAD, "application/jsonlines",
+     [(422, "union_tag_invalid", ["body", "questions", "q", "type"]), (400, "line 2: decision.state is required"),
+      (400, "line 3: is empty"), (422, "union_tag_invalid", ["body", "questions", "q", "type"])]),
+    ("\n".join([S1_BROKEN, "[]"]), "application/jsonlines",
+     [(400, "line 1: the body is not valid JSON: Expecting ',' delimiter: line 1 column 74 (char 73)"),
+      (400, "line 2: the body must be a JSON object")]),
+], ids=["blank-end", "blank-end-json", "blank-between", "system-one-broken", "system-one-malformed-first",
+        "system-one-blank-and-no-request", "decisions-broken", "both-protocols", "none-says"])
+def test_error_lines_one_per_record_in_the_protocol_the_body_says(client, body, content_type, expected):
+    """A line's error is in its record's protocol; where the record does not say (it does not parse, or is no
+    request object, or is blank), in the protocol every other record of the body says, else /invocations' own
+    (the decision schema). Blank lines at the end of a body are white space, not records."""
+    response = client.post("/invocations", data=body, content_type=content_type)
+
+    assert response.status_code == 200, response.get_data(as_text=True)
+    out = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
+    assert [line_shape(line) for line in out] == expected
+
+
 @pytest.fixture
 def blocked(tmp_path, settings):
     """An app over a fake engine whose scoring waits for ``release``."""

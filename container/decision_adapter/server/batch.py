@@ -21,19 +21,24 @@ record, and a mini-batch must be one unit of work:
   in what is left at the measured speed; a record with bad input, or whose work can never fit the budget, gets
   its 4xx line (the contract of the answer: ``protocols.openapi.BATCH_LINES``). Records over one state share its
   evaluation through the state cache (a record finds the state the one before saved).
+- A line's error is in its record's protocol. A record that does not say its protocol (blank, not JSON, not a
+  request object) gets its error in the protocol every other record read says, where they all say one (a body
+  of System One records: System One's 422), else in ``/invocations``' own, the decision schema's
+  (``unknown_lines``). The blank lines that end a body are no records (``bodies.Records``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from ..errors import InputError
 from ..protocols.call import Budget
-from ..protocols.dispatch import protocol_of
+from ..protocols.dispatch import DECISIONS, Protocol, protocol_of
 from ..settings import MIB, Settings
 from . import bodies
 from .calls import answer_object
+from .errors import classify
 
 # MULTI_RECORD is chosen where a full mini-batch fills at most this share of its budget at the measured speed:
 # records longer than the probe's, and a slower machine than at start-up, have the rest.
@@ -62,10 +67,14 @@ def execution_parameters(settings: Settings, tokens_per_s: float | None,
     return ExecutionParameters(1, "MULTI_RECORD" if filled_mb >= body_mb else "SINGLE_RECORD", body_mb)
 
 
-def answer_lines(records: list[tuple[int, bytes]], budget: Budget) -> list[dict[str, Any]]:
+def answer_lines(records: Iterable[tuple[int, bytes]], budget: Budget) -> list[dict[str, Any]]:
     """One result object per record, in order: the answer in the record's protocol, or an error object naming
-    the line, with its status (and ``retryable`` where trying the record again later may pass)."""
-    out = []
+    the line, with its status (and ``retryable`` where trying the record again later may pass). A record whose
+    protocol it does not say itself (blank, not JSON, not a request object) gets its error in the body's
+    protocol (``unknown_lines``)."""
+    out: list[dict[str, Any]] = []
+    unknown: list[tuple[int, int, InputError]] = []  # (where in out, line number, error) of such records
+    protocols: dict[str, Protocol] = {}
     for number, raw in records:
         if budget.spent:
             out.append({"error": f"line {number}: the request's time ran out before this record; retry it",
@@ -77,14 +86,27 @@ def answer_lines(records: list[tuple[int, bytes]], budget: Budget) -> list[dict[
             obj = bodies.parse_json(raw)
             protocol = protocol_of(obj)
         except InputError as exc:
-            out.append({"error": f"line {number}: {exc}", "status": 400})
+            unknown.append((len(out), number, InputError(exc.loc, exc.msg, exc.kind)))  # no traceback, no line
+            out.append({})
             continue
+        protocols[protocol.name] = protocol
         reply = answer_object(obj, protocol, budget)  # as a real-time body is answered
-        if reply.status == 200:
-            out.append(reply.payload)
-            continue
-        payload = reply.payload
-        if "error" in payload:
-            payload = {**payload, "error": f"line {number}: {payload['error']}"}
-        out.append({**payload, "status": reply.status})
+        out.append(reply.payload if reply.status == 200 else _error_line(number, reply.payload, reply.status))
+    shape = unknown_lines(protocols.values())
+    for at, number, exc in unknown:
+        out[at] = _error_line(number, *shape.render(classify(exc)))
     return out
+
+
+def unknown_lines(protocols: Iterable[Protocol]) -> Protocol:
+    """The protocol whose shape the error of a record that does not say its own protocol takes: the protocol of
+    every other record read, where they share one (a body of System One records gets System One's 422); else
+    (records of both protocols, or none that says) the route's, ``/invocations``': the decision schema."""
+    seen = list(protocols)
+    return seen[0] if len(seen) == 1 else DECISIONS
+
+
+def _error_line(number: int, payload: dict[str, Any], status: int) -> dict[str, Any]:
+    if "error" in payload:
+        payload = {**payload, "error": f"line {number}: {payload['error']}"}
+    return {**payload, "status": status}
