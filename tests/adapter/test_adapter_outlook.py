@@ -347,3 +347,33 @@ def test_a_dead_scheduler_thread_turns_ping_to_503_and_fails_its_queue_at_once(s
         assert again.status_code == 503 and "scheduler thread died" in again.get_json()["error"]
     finally:
         close_app(app)
+
+
+def test_a_readout_that_is_not_finite_is_not_cached(settings, engine, monkeypatch):
+    """A NaN logit row fails its request once (500 scoring failed); nothing of it is cached (its answer, nor the
+    state it saved), so the same request is decoded again and answered."""
+    import math as _math
+
+    from decision_adapter.engine import executor
+    from decision_adapter.engine.readout import NodeRead
+    from decision_adapter.server.app import create_app
+    from adapter_apps import close_app
+
+    app = create_app(settings, engine)
+    try:
+        client = app.test_client()
+        body = {"decision": {"id": "d", "state": "An invoice was paid twice. " * 30, "question": "Who handles it?",
+                             "options": [{"id": "billing"}, {"id": "tech"}]}}
+        real = executor.node_read
+        monkeypatch.setattr(executor, "node_read", lambda row, tokens: NodeRead(
+            tuple(_math.nan for _ in tokens), _math.nan, 0))
+        failed = client.post("/invocations", json=body)
+        assert failed.status_code == 500 and failed.get_json() == {"error": "scoring failed"}
+        monkeypatch.setattr(executor, "node_read", real)
+        answered = client.post("/invocations", json=body)
+        assert answered.status_code == 200, answered.get_data(as_text=True)
+        result = answered.get_json()["result"]
+        assert all(_math.isfinite(p) for p in result["probabilities"])
+        assert result["timing"]["cached_tokens"] == 0, "the state the failed job saved was dropped"
+    finally:
+        close_app(app)

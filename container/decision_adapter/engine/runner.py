@@ -10,6 +10,7 @@ progress from any thread (``abort``), and times a bare prefill for the benchmark
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -194,14 +195,22 @@ class Runner:
         """The job's scores and stats once every step has run; its answers go into the cache."""
         self._release(job)
         spec, plan, outcome = job.spec, job.plan, job.outcome
+        fresh = {i: prompt_score(trie, {node: read for (p, node), read in outcome.reads.items() if p == i})
+                 for i, trie in enumerate(spec.tries) if i not in job.answered}
+        if not all(math.isfinite(x) for score in fresh.values()
+                   for x in (*score.label_logprobs, *score.first_token_logits, score.label_mass)):
+            # Cached, such a readout would fail every identical request; the state this job saved may hold the
+            # cause (its keys and values), so it goes too, and the next request decodes everything again.
+            if spec.state_key is not None:
+                self.cache.discard(spec.state_key)
+            raise ScoringFailed("llama.cpp returned logits that are not finite")
         scores = []
-        for i, trie in enumerate(spec.tries):
+        for i in range(len(spec.tries)):
             if i in job.answered:
                 scores.append(job.answered[i])
                 continue
-            score = prompt_score(trie, {node: read for (p, node), read in outcome.reads.items() if p == i})
-            self.cache.put(job.answer_keys[i], score)
-            scores.append(score)
+            self.cache.put(job.answer_keys[i], fresh[i])
+            scores.append(fresh[i])
         cached = plan.cached_tokens + sum(len(spec.prompts[i]) - spec.head for i in job.answered)
         stats = ScoreStats(resident_tokens=spec.head, shared_tokens=plan.shared_tokens, cached_tokens=cached,
                            own_tokens=plan.own_tokens, readout_tokens=plan.readout_tokens,

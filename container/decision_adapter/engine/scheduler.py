@@ -73,9 +73,10 @@ class JobRunner(Protocol):
     def finish(self, job: Any) -> tuple[list[PromptScore], ScoreStats]: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class Ticket:
-    """One submitted job and what its caller waits on."""
+    """One submitted job and what its caller waits on. Compared by identity: a ticket is that one submission (its
+    fields hold whole token tuples, which equality would compare under the scheduler's lock)."""
 
     spec: JobSpec
     plan: Plan  # as if nothing were cached
