@@ -4,7 +4,7 @@
 #
 # The generation baseline is the peer a user would run, so it gets the best kernels for this CPU: -DGGML_NATIVE=ON
 # (the kernels llama.cpp's release build would pick here, compiled for this CPU alone; one CPU backend, so the build
-# takes minutes, not the all-variants build's). A native binary runs only on CPUs like the one that built it, so its
+# takes minutes, not the all-variants build's), AMX left out as the adapter leaves it out. A native binary runs only on CPUs like the one that built it, so its
 # cache folder is keyed by this CPU's feature flags as well. LLAMA_SERVER_CMAKE_ARGS replaces the flags, e.g.
 # "-DGGML_CUDA=ON" on a GPU machine, or "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" for the
 # adapter's former AVX2-only kernels. With --flags it prints the flags it would build with and builds nothing; with
@@ -15,7 +15,9 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VERSION=$(sed -n 's/^llama-cpp-python==//p' container/requirements.txt)
-FLAGS=${LLAMA_SERVER_CMAKE_ARGS:-"-DGGML_NATIVE=ON"}
+# -DGGML_NATIVE=ON, or on a CPU with AMX every instruction set of its best variant named instead (cpu_variants.py:
+# llama.cpp's AMX kernels died at the first decode on such a CPU, and -march=native would compile them).
+FLAGS=${LLAMA_SERVER_CMAKE_ARGS:-$("$PYTHON" container/decision_adapter/engine/cpu_variants.py native-cmake)}
 if [ "${1:-}" = "--flags" ]; then  # the flags a build here uses (benchmark results name them), nothing built
     printf '%s\n' "$FLAGS"
     exit 0

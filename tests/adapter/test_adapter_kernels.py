@@ -164,3 +164,14 @@ def test_a_bad_variant_name_is_refused_before_start(tmp_path, model_dir):
                           timeout=60, env={"PATH": "/usr/bin:/bin", "ADAPTER_MODEL_DIR": str(model_dir),
                                            "ADAPTER_CPU_VARIANT": "../evil"})
     assert done.returncode == 2 and "ADAPTER_CPU_VARIANT='../evil'" in done.stderr, done.stderr
+
+
+def test_the_native_comparison_build_leaves_amx_out_where_the_cpu_has_it():
+    """llama-server for the benchmarks is built for this CPU alone: -DGGML_NATIVE=ON, except where the CPU has AMX
+    (-march=native would compile the AMX kernels auto leaves out): then the best variant's instruction sets, named."""
+    spr = frozenset(flag for feature in cpu_variants.VARIANTS["sapphirerapids"] for flag in cpu_variants.FLAGS[feature])
+    zen4 = frozenset(flag for feature in cpu_variants.VARIANTS["zen4"] for flag in cpu_variants.FLAGS[feature])
+    assert cpu_variants.native_cmake(zen4) == "-DGGML_NATIVE=ON"
+    flags = cpu_variants.native_cmake(spr).split()
+    assert flags[0] == "-DGGML_NATIVE=OFF" and "-DGGML_AVX512_BF16=ON" in flags
+    assert not [f for f in flags if "AMX" in f]

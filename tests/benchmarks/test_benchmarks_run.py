@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from decision_adapter.engine import cpu_variants
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = Path(__file__).with_name("tasks-sample.jsonl")
 
@@ -68,7 +70,7 @@ def test_every_task_is_answered_by_the_decision_endpoint(run):
     latency = result["decision"]["latency"]
     assert latency["n"] == 6 and 0 < latency["p50_s"] <= latency["p95_s"] <= latency["max_s"]
     provenance = assert_traceable(result, threads=2)
-    assert provenance["builds"] == {"llama-server": "-DGGML_NATIVE=ON"}
+    assert provenance["builds"] == {"llama-server": cpu_variants.native_cmake(cpu_variants.cpu_flags())}
 
 
 def test_the_generation_baseline_ran_on_llama_server_in_the_same_run(run):
@@ -145,7 +147,8 @@ def test_the_concurrency_benchmark_measures_both_paths_at_each_level(tmp_path):
             assert block["requests"] == 4 and block["failures"] == 0 and block["decisions_per_s"] > 0
             assert block["latency"]["n"] == 4
     assert result["levels"]["2"]["decision"]["wall_vs_serial"] > 0
-    assert assert_traceable(result, threads=2)["builds"] == {"llama-server": "-DGGML_NATIVE=ON"}
+    assert assert_traceable(result, threads=2)["builds"] == {
+        "llama-server": cpu_variants.native_cmake(cpu_variants.cpu_flags())}
     assert "| 2 | " in (tmp_path / "concurrency.md").read_text()
 
 

@@ -109,6 +109,15 @@ def local_build(flags: frozenset[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys((BASELINE, best(flags))))
 
 
+def native_cmake(flags: frozenset[str]) -> str:
+    """The CMake flags of a llama.cpp built for this CPU alone (the benchmarks' llama-server): ``-DGGML_NATIVE=ON``,
+    except on a CPU with AMX, where ``-march=native`` would compile the AMX kernels that ``AMX_FEATURES`` keeps out
+    (a native llama-server died at its first decode there): then every instruction set of the best variant, named."""
+    if not any(uses_amx(name) and runs(name, flags) for name in VARIANTS):
+        return "-DGGML_NATIVE=ON"
+    return " ".join(["-DGGML_NATIVE=OFF", *(f"-DGGML_{feature}=ON" for feature in VARIANTS[best(flags)])])
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "best"
     flags = cpu_flags()
@@ -121,8 +130,10 @@ def main(argv: list[str]) -> int:
         print(",".join(local_build(flags)))
     elif command == "all":
         print(",".join(VARIANTS))
+    elif command == "native-cmake":
+        print(native_cmake(flags))
     else:
-        print(f"usage: {Path(__file__).name} [best|local|all]", file=sys.stderr)
+        print(f"usage: {Path(__file__).name} [best|local|all|native-cmake]", file=sys.stderr)
         return 2
     return 0
 
