@@ -108,9 +108,11 @@ class Engine:
         state_key = tokens_key("state", prompts[0][:end]) if end > head else None
         keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(prompts, tries))
         # Where a cached prefix of the state may end: its own micro-batch boundaries (the fused layout's last one
-        # holds a prompt's tokens too, so it is not one).
+        # holds a prompt's tokens too, so it is not one). A recurrent or hybrid model cannot cut a restored state
+        # back to a prefix: it has none.
         last = end - 1 if self.limits.fused else end
-        boundaries = boundary_keys(prompts[0], head, last, self.limits.batch_tokens) if state_key else ()
+        boundaries = boundary_keys(prompts[0], head, last, self.limits.batch_tokens) \
+            if state_key and self.model.truncatable else ()
         return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys, boundaries=boundaries)
 
     def plan(self, spec: JobSpec) -> Plan:

@@ -67,6 +67,7 @@ class LlamaModel:
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
         # Recurrent and hybrid models cannot cut a sequence back: a fork is a snapshot of the sequence, restored.
         non_truncatable = bool(llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model))
+        self.truncatable = not non_truncatable  # a restored state can be cut back to a prefix of it
         self.fork_by = options.fork_by if options.fork_by != "auto" else ("snapshot" if non_truncatable else "copy")
         self.ctx = llama.llama_init_from_model(self.model, context_params(options))
         if not self.ctx:
