@@ -16,6 +16,12 @@ family starts on a fresh server, so that memory an earlier family's bodies left 
 what its own take; a body not answered within ``--timeout``, or a worker that died, restarts the server too (the
 figure says so). The table gives, per family and size, the slowest of its nine variants and the largest growth
 and ping latency among them; ``hostile.json`` holds every variant.
+
+``--lines`` measures bodies of lines instead (``LINE_BODIES``: issue 35's million broken lines after a first value
+that does not parse, the same under the line cap with or without a record at its end, 6 MiB of two-byte lines,
+records up to the cap, long records, records then blank lines): each split in-process as ``/invocations`` splits
+it, every record read (the seconds, best of three, and tracemalloc's peak over what was allocated before), then
+sent to a live ``serve`` (status, seconds, ``/ping``'s worst latency); ``lines.json`` and ``lines.md``.
 """
 
 from __future__ import annotations
@@ -177,6 +183,117 @@ def encode(data: bytes, encoding: str) -> bytes:
     if encoding == "zstd":
         return zstandard.ZstdCompressor(level=3).compress(data)
     return data
+
+
+# ---- bodies of lines: the splitters, in-process and on a live server -----------------------------------------------
+
+LINE_RECORD = b'{"decision": {"id": "r", "state": "s", "options": []}}\n'  # a request object (its options invalid)
+
+
+LINE_BODIES: dict[str, tuple[Callable[[int], bytes], str]] = {
+    # issue 35, item 4: a first value that does not parse, then a million lines that do not either (3 MB)
+    "broken-lines": (lambda cap: b"x\n" + b"{]\n" * 999_000, "application/json"),
+    # the same under the line cap, each line spelling a request key, so that none can be passed over unread
+    "broken-lines-under-the-cap": (lambda cap: b"x\n" + b'{"decision": ]\n' * (cap - 1), "application/json"),
+    # the same with one record at the end: every line before it is looked at
+    "broken-lines-then-a-record": (lambda cap: b"x\n" + b'{"decision": ]\n' * (cap - 2) + LINE_RECORD,
+                                   "application/json"),
+    # 6 MiB of two-byte lines: 2 million lines, over the cap
+    "6MiB-of-short-lines": (lambda cap: b"ab\n" * (2 * MIB), "application/jsonlines"),
+    # records up to the cap (what a mini-batch of small records is), split and read one by one
+    "records-at-the-cap": (lambda cap: LINE_RECORD * cap, "application/jsonlines"),
+    # six records of 1 MiB
+    "long-records": (lambda cap: (b'{"decision": {"state": "' + b"s" * (MIB - 30) + b'"}}\n') * 6,
+                     "application/jsonlines"),
+    # records, then blank lines to the end
+    "records-then-blank-lines": (lambda cap: LINE_RECORD * 100 + b"\n" * (6 * MIB - 100 * len(LINE_RECORD)),
+                                 "application/jsonlines"),
+}
+
+
+def split_lines(data: bytes, content_type: str, max_lines: int) -> str:
+    """What ``/invocations`` does with ``data`` before any record is answered: the body to its records (each read,
+    as ``batch.answer_lines`` reads them), or its refusal."""
+    from decision_adapter.errors import ApiError, InputError
+    from decision_adapter.server import bodies
+
+    try:
+        parsed = bodies.parse_invocation(data, lines=content_type == "application/jsonlines", max_lines=max_lines)
+    except (ApiError, InputError) as exc:
+        return f"400 {exc}"[:120]
+    if parsed.records is None:
+        return "one value"
+    count = sum(1 for _ in parsed.records)
+    return f"{count} records"
+
+
+@dataclass
+class LineOutcome:
+    body: str
+    content_type: str
+    bytes: int
+    result: str
+    seconds: float  # in-process, best of three
+    peak_mib: float  # in-process, tracemalloc's peak over what was allocated before
+    peak_per_body: float
+    live_status: int = 0
+    live_seconds: float = 0.0
+    live_ping_worst_s: float = 0.0
+
+
+def measure_lines(max_lines: int, names: list[str]) -> list[LineOutcome]:
+    """Each line body split in-process: the seconds (best of three) and tracemalloc's peak."""
+    import gc
+    import tracemalloc
+
+    out = []
+    for name in names:
+        build, content_type = LINE_BODIES[name]
+        data = build(max_lines)
+        best = float("inf")
+        for _ in range(3):
+            gc.collect()
+            started = time.perf_counter()
+            result = split_lines(data, content_type, max_lines)
+            best = min(best, time.perf_counter() - started)
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        split_lines(data, content_type, max_lines)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        out.append(LineOutcome(name, content_type, len(data), result, round(best, 4), round(peak / MIB, 2),
+                               round(peak / len(data), 2)))
+    return out
+
+
+def live_lines(base: str, watch: "PingWatch", outcomes: list[LineOutcome], max_lines: int, timeout_s: float) -> None:
+    """Each line body sent to ``/invocations`` of a live server: status, seconds, ``/ping``'s worst latency."""
+    for outcome in outcomes:
+        build, content_type = LINE_BODIES[outcome.body]
+        data = build(max_lines)
+        watch.reset()
+        started = time.monotonic()
+        try:
+            status = requests.post(base + "/invocations", data=data, headers={"Content-Type": content_type},
+                                   timeout=timeout_s).status_code
+        except requests.RequestException:
+            status = 0
+        outcome.live_status, outcome.live_seconds = status, round(time.monotonic() - started, 3)
+        outcome.live_ping_worst_s = round(watch.worst()[0], 3)
+
+
+def lines_markdown(outcomes: list[LineOutcome], command: str, note: str = "") -> str:
+    lines = [f"Reproduce: `{command}`{note}", "",
+             "| body | bytes | what it is | in-process s | peak MiB (tracemalloc) | peak / body | live status | "
+             "live s | /ping worst (s) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for o in outcomes:
+        live = (f"{o.live_status} | {o.live_seconds:.2f} | {o.live_ping_worst_s:.2f}" if o.live_status
+                else "- | - | -")
+        lines.append(f"| {o.body} | {o.bytes:,} | {o.result} | {o.seconds:.3f} | {o.peak_mib:.1f} | "
+                     f"{o.peak_per_body:.2f} | {live} |")
+    return "\n".join(lines) + "\n"
 
 
 # ---- measuring a live server --------------------------------------------------------------------------------------
@@ -383,7 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-server", action="store_true", help="one server for every family (faster; memory "
                                                                    "earlier bodies left can hide a family's growth)")
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
+    parser.add_argument("--lines", nargs="*", choices=list(LINE_BODIES), metavar="BODY",
+                        help="instead of the families: bodies of lines (all, or those named), split in-process "
+                             "(seconds, tracemalloc's peak) and sent to a live server; writes lines.json, lines.md")
+    parser.add_argument("--in-process", action="store_true", help="with --lines: no live server")
     args = parser.parse_args(argv)
+    if args.lines is not None:
+        return main_lines(args, argv)
 
     from decision_adapter.decisions.model_files import embedded_model_dir
 
@@ -417,6 +540,38 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     bad = [o for o in outcomes if not 200 <= o.status < 500 or not o.worker_survived]
     return 1 if bad else 0
+
+
+def main_lines(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from decision_adapter.decisions.model_files import embedded_model_dir
+    from decision_adapter.settings import Settings
+
+    from .servers import adapter_process
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    max_lines = Settings().max_lines
+    provenance = Provenance("benchmarks.hostile", argv)
+    with provenance:
+        outcomes = measure_lines(max_lines, args.lines or list(LINE_BODIES))
+        for o in outcomes:
+            print(f"{o.body:28} {o.seconds:8.3f} s {o.peak_mib:7.1f} MiB  {o.result}", file=sys.stderr, flush=True)
+        if not args.in_process:
+            log = args.out / "hostile-adapter.log"
+            with adapter_process(args.model_dir or str(embedded_model_dir()), args.threads, 0, log,
+                                 {"ADAPTER_DEBIAS": "off"}, provenance=provenance) as (base, _):
+                watch = PingWatch(base)
+                try:
+                    live_lines(base, watch, outcomes, max_lines, args.timeout)
+                finally:
+                    watch.stop()
+    command = provenance.command
+    (args.out / "lines.json").write_text(json.dumps({"command": command, "label": args.label, "max_lines": max_lines,
+                                                    "outcomes": [asdict(o) for o in outcomes],
+                                                    "provenance": provenance.record()}, indent=1) + "\n")
+    table = lines_markdown(outcomes, command, f" ({args.label})" if args.label else "")
+    (args.out / "lines.md").write_text(table)
+    print(table)
+    return 1 if any(o.live_status >= 500 for o in outcomes) else 0
 
 
 if __name__ == "__main__":
