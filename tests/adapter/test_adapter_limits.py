@@ -549,7 +549,7 @@ def test_requests_queued_over_one_new_state_decode_it_once(settings, engine):
 def test_an_answered_request_is_answered_without_queueing_behind_a_long_job(tmp_path, settings, example):
     engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
     cached = {}
-    engine.answer_from_cache = lambda spec: cached.get(spec.prompts)
+    engine.answer_from_cache = lambda spec, touch=True: cached.get(spec.prompts)
     app = create_app(settings, engine)
     first = app.test_client().post("/invocations", json=example)
     assert first.status_code == 200
