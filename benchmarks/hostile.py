@@ -22,6 +22,10 @@ that does not parse, the same under the line cap with or without a record at its
 records up to the cap, long records, records then blank lines): each split in-process as ``/invocations`` splits
 it, every record read (the seconds, best of three, and tracemalloc's peak over what was allocated before), then
 sent to a live ``serve`` (status, seconds, ``/ping``'s worst latency); ``lines.json`` and ``lines.md``.
+
+``--concurrent N`` sends N copies of each family's 6 MiB body at once (issue 35: sixteen, the admission capacity),
+per format, uncompressed, to one server, with ``/ping`` polled every 50 ms: the statuses, the slowest answer and
+``/ping``'s worst latency while they were answered; ``concurrent.json`` and ``concurrent.md``.
 """
 
 from __future__ import annotations
@@ -485,6 +489,106 @@ def markdown(rows: list[dict], command: str, note: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- many large bodies at once ---------------------------------------------------------------------------------------
+
+@dataclass
+class ConcurrentOutcome:
+    family: str
+    format: str
+    copies: int
+    statuses: list[int]  # sorted, distinct (0: no answer within the timeout)
+    slowest_s: float
+    ping_worst_s: float
+    ping_failures: int
+
+
+def send_concurrently(base: str, path: str, content_type: str, data: bytes, copies: int,
+                      timeout_s: float) -> tuple[list[int], float]:
+    """``copies`` posts of ``data`` started together: their statuses and the slowest one's seconds."""
+    statuses, seconds = [0] * copies, [0.0] * copies
+    start = threading.Barrier(copies)
+
+    def post(i: int) -> None:
+        start.wait()
+        began = time.monotonic()
+        try:
+            statuses[i] = requests.post(base + path, data=data, headers={"Content-Type": content_type},
+                                        timeout=timeout_s).status_code
+        except requests.RequestException:
+            statuses[i] = 0
+        seconds[i] = time.monotonic() - began
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(copies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return statuses, max(seconds)
+
+
+def run_concurrent(base: str, watch: PingWatch, *, families: list[str], formats: list[str], copies: int,
+                   timeout_s: float, report: Callable[[ConcurrentOutcome], None] = lambda o: None
+                   ) -> list[ConcurrentOutcome]:
+    outcomes = []
+    for family in families:
+        for fmt in formats:
+            envelope = ENVELOPES[fmt]
+            data = body(family, fmt, SIZES["6MiB"])
+            watch.reset()
+            statuses, slowest = send_concurrently(base, envelope.path, envelope.content_type, data, copies, timeout_s)
+            ping_worst, failures = watch.worst()
+            outcome = ConcurrentOutcome(family, fmt, copies, sorted(set(statuses)), round(slowest, 2),
+                                        round(ping_worst, 3), failures)
+            outcomes.append(outcome)
+            report(outcome)
+    return outcomes
+
+
+def concurrent_markdown(outcomes: list[ConcurrentOutcome], command: str, note: str = "") -> str:
+    copies = outcomes[0].copies if outcomes else 0
+    lines = [f"`{command}`{note}", "",
+             f"| family | format | statuses of {copies} at once | slowest (s) | /ping worst (s) | /ping failures |",
+             "|---|---|---|---:|---:|---:|"]
+    for o in outcomes:
+        lines.append(f"| {o.family} | {o.format} | {', '.join(map(str, o.statuses))} | {o.slowest_s:.2f} | "
+                     f"{o.ping_worst_s:.2f} | {o.ping_failures} |")
+    worst = max(outcomes, key=lambda o: o.ping_worst_s)
+    lines += ["", f"Worst `/ping`: {worst.ping_worst_s:.2f} s ({worst.family}, {worst.format})."]
+    return "\n".join(lines) + "\n"
+
+
+def main_concurrent(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from decision_adapter.decisions.model_files import embedded_model_dir
+
+    from .servers import adapter_process
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    provenance = Provenance("benchmarks.hostile", argv)
+
+    def report(o: ConcurrentOutcome) -> None:
+        print(f"{o.family:32} {o.format:9} {o.statuses} {o.slowest_s:6.2f} s ping {o.ping_worst_s:5.2f} s",
+              file=sys.stderr, flush=True)
+
+    with provenance:
+        log = args.out / "hostile-adapter.log"
+        with adapter_process(args.model_dir or str(embedded_model_dir()), args.threads, 0, log,
+                             {"ADAPTER_DEBIAS": "off"}, provenance=provenance) as (base, _):
+            watch = PingWatch(base)
+            try:
+                outcomes = run_concurrent(base, watch, families=args.families, formats=args.formats,
+                                          copies=args.concurrent, timeout_s=args.timeout, report=report)
+            finally:
+                watch.stop()
+    command = provenance.command
+    (args.out / "concurrent.json").write_text(json.dumps({"command": command, "label": args.label,
+                                                         "outcomes": [asdict(o) for o in outcomes],
+                                                         "provenance": provenance.record()}, indent=1) + "\n")
+    table = concurrent_markdown(outcomes, command, f" ({args.label})" if args.label else "")
+    (args.out / "concurrent.md").write_text(table)
+    print(table)
+    return 1 if any(s == 0 or s >= 500 for o in outcomes for s in o.statuses) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.hostile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -504,9 +608,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of the families: bodies of lines (all, or those named), split in-process "
                              "(seconds, tracemalloc's peak) and sent to a live server; writes lines.json, lines.md")
     parser.add_argument("--in-process", action="store_true", help="with --lines: no live server")
+    parser.add_argument("--concurrent", type=int, metavar="N",
+                        help="instead: N copies of each family's 6 MiB body at once, per format, to one server, "
+                             "with /ping's worst latency; writes concurrent.json, concurrent.md")
     args = parser.parse_args(argv)
     if args.lines is not None:
         return main_lines(args, argv)
+    if args.concurrent:
+        return main_concurrent(args, argv)
 
     from decision_adapter.decisions.model_files import embedded_model_dir
 

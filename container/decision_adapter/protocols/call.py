@@ -47,14 +47,19 @@ class Call:
     started: float
     context: RequestContext
     classify: Callable[[Exception], Failure]
+    # Called as the prepared work is handed to the model: the request's parsing and checking are over (the server
+    # gives back a large body's turn here).
+    prepared_hook: Callable[[], None] = lambda: None
 
     def score(self, prepared: Prepared) -> Answered:
         """Score ``prepared`` through the model's scheduler within the budget; raises what the model raises."""
+        self.prepared_hook()
         budget = self.budget
         return self.model.score(prepared, budget.deadline, by_tokens=budget.by_tokens, allowed_s=budget.allowed_s)
 
     def dry_run(self, prepared: Prepared) -> DryRun:
         """What ``score`` would do now within the same budget, decoding nothing (``DecisionModel.dry_run``)."""
+        self.prepared_hook()
         budget = self.budget
         return self.model.dry_run(prepared, budget.deadline, by_tokens=budget.by_tokens, allowed_s=budget.allowed_s)
 

@@ -32,8 +32,10 @@ def call(budget: Budget) -> Call:
     """The call context of the current request within ``budget`` (its model must be ready: the gate checked it)."""
     state = current()
     model = state.readiness.model
-    return Call(model=model, budget=budget, started=current_request().started,
-                context=RequestContext.of(model, state.settings.max_decisions), classify=classify)
+    request = current_request()
+    return Call(model=model, budget=budget, started=request.started,
+                context=RequestContext.of(model, state.settings.max_decisions), classify=classify,
+                prepared_hook=request.give_back_turn)
 
 
 @dataclass(frozen=True)

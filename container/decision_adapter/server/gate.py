@@ -1,7 +1,7 @@
 """The gate before a scoring request's body is read: the API key, a loaded model, and a place in admission.
 
 A request that finds no free place (or a server draining after SIGTERM) gets the retryable 503 at once, so a
-flood costs no parsing; ``leave`` gives the place back when the request ends.
+flood costs no parsing; ``leave`` gives the place back when the request ends (and a large body's turn, if it still holds it).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def enter() -> None:
 
 def leave(_exc: BaseException | None = None) -> None:
     request_state = current_request()
+    if request_state is not None:
+        request_state.give_back_turn()
     if request_state is not None and request_state.admitted:
         current().admission.leave()
         request_state.admitted = False

@@ -8,6 +8,7 @@ from flask import Response, request
 
 from ..errors import ApiError
 from . import bodies
+from .inflight import current_request
 from .state import current
 
 JSON_TYPES = frozenset({"application/json"})
@@ -16,9 +17,13 @@ JSONLINES_TYPES = frozenset({"application/jsonlines", "application/x-jsonlines",
 
 
 def read_body() -> bytes:
-    """The request's body within ``ADAPTER_MAX_BODY_BYTES``, decoded per its Content-Encoding."""
-    return bodies.read_body(request.stream, request.content_length, request.headers.get("Content-Encoding"),
-                            current().settings.max_body_bytes)
+    """The request's body within ``ADAPTER_MAX_BODY_BYTES``, decoded per its Content-Encoding; a large body then
+    waits for its turn (``admission.LargeBodyTurns``), which it keeps until its work reaches the scheduler."""
+    state = current()
+    data = bodies.read_body(request.stream, request.content_length, request.headers.get("Content-Encoding"),
+                            state.settings.max_body_bytes)
+    current_request().end_turn = state.turns.take(len(data))
+    return data
 
 
 def media_type() -> str:

@@ -1,4 +1,5 @@
-"""The adapter's state behind the app: its settings, the model's readiness, admission, and the model loader.
+"""The adapter's state behind the app: its settings, the model's readiness, admission (with the large
+bodies' turns), and the model loader.
 
 ``current()`` is the state of the app handling the request; the loader thread sets the readiness once, and
 ``/ping`` only reads it.
@@ -14,7 +15,7 @@ from flask import current_app
 
 from ..settings import Settings
 from ..startup import Readiness, load_into
-from .admission import Admission
+from .admission import Admission, LargeBodyTurns
 
 EXTENSION = "decision_adapter"
 
@@ -26,6 +27,7 @@ class AdapterState:
     admission: Admission
     engine: Any = None  # an engine handed in (tests); None: the loader builds the real one
     loader: threading.Thread | None = field(default=None, repr=False)
+    turns: LargeBodyTurns = field(default_factory=LargeBodyTurns)  # one large body parsed at a time
 
     def close(self) -> None:
         """Wait for the loader, then stop the model's scheduler and free what the loader loaded (an engine handed
