@@ -28,6 +28,8 @@ from .decisions.debias import DEFAULT_FLOOR, DEFAULT_MODE, DEFAULT_STRENGTH, MOD
 MIB = 1024 * 1024
 # Cells a prompt's label paths may need beyond the prompt itself: 26 first letters of two-token labels.
 LABEL_PATH_CELLS = 26
+# SageMaker sets it to true in every Batch Transform container (with the job's MaxPayloadInMB and BatchStrategy).
+SAGEMAKER_BATCH = "SAGEMAKER_BATCH"
 DebiasModeName = Literal[tuple(MODES)]  # type: ignore[valid-type]
 
 
@@ -142,8 +144,10 @@ class Settings:
     deployment: Literal["realtime", "transform"] = setting(
         "ADAPTER_DEPLOYMENT", "realtime", "How the container is deployed, which sets every request's deadline and "
         "budget: realtime (an endpoint: ADAPTER_REQUEST_TIMEOUT_S and the token budget for every request, JSON lines "
-        "included) or transform (a Batch Transform job, which `python -m endpoint_client transform` sets: every "
-        "request is a mini-batch answered within 90% of ADAPTER_BATCH_TIMEOUT_S, without the token budget).")
+        "included) or transform (a Batch Transform job: every request is a mini-batch answered within 90% of "
+        "ADAPTER_BATCH_TIMEOUT_S, without the token budget). A transform is recognised however it was started: "
+        "SAGEMAKER_BATCH=true, which SageMaker sets in every Batch Transform container, makes it transform whatever "
+        "this says, and so does a call of /execution-parameters, which SageMaker makes only in a transform.")
     queue_depth: int = setting("ADAPTER_QUEUE_DEPTH", 16,
                                "Requests that may be read and wait for the model at once; more get 503 before "
                                "their body is read.", ge=1, le=1024)
@@ -196,11 +200,10 @@ class Settings:
         left for reading the body and writing the answer before SageMaker's invocation timeout."""
         return 0.9 * self.batch_timeout_s
 
-    @property
-    def request_budget_s(self) -> float:
-        """Seconds any request may take from its arrival, as the container is deployed: an endpoint's
-        ADAPTER_REQUEST_TIMEOUT_S, or a transform's mini-batch budget."""
-        return self.batch_budget_s if self.deployment == "transform" else self.request_timeout_s
+    def request_budget_s(self, transform: bool) -> float:
+        """Seconds any request may take from its arrival: a transform's mini-batch budget, or an endpoint's
+        ADAPTER_REQUEST_TIMEOUT_S."""
+        return self.batch_budget_s if transform else self.request_timeout_s
 
     @classmethod
     def fields(cls) -> dict[str, Any]:
@@ -214,6 +217,8 @@ class Settings:
             raw = environ.get(info.json_schema_extra["env"])
             if raw is not None and raw.strip():
                 values[name] = raw.strip()
+        if environ.get(SAGEMAKER_BATCH, "").strip().lower() == "true":
+            values["deployment"] = "transform"  # SageMaker says so: the model's own setting may be an endpoint's
         try:
             return cls(**values)
         except ValidationError as exc:

@@ -5,6 +5,7 @@ answered."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -243,17 +244,57 @@ def test_a_one_record_mini_batch_gets_the_transforms_budget(blocked, example, de
     assert response.status_code == status, response.get_json()
 
 
-def test_a_record_past_the_mini_batchs_budget_gets_an_error_record_not_a_refused_batch(blocked, example):
+def test_a_record_past_the_mini_batchs_budget_fails_the_mini_batch_so_that_the_job_reports_it(blocked, example):
+    """SageMaker writes a 200's body to the job's output as results, error lines and all, and reports the job
+    Completed: a record the budget left unanswered would be lost without a word. So in a transform it fails the
+    whole invocation with a retryable 503 naming the line (SageMaker retries it, then fails the job); a record with
+    bad input before it stays what it was, its own 4xx, in the retry's answer."""
     app, engine, release = blocked(batch_timeout_s=1, deployment="transform")
     engine.on_score = lambda: time.sleep(0.5)  # every record takes half a second of a 0.9 s budget
     lines = "\n".join([json.dumps({"decision": {"id": "x"}})] +
                       [json.dumps({"decision": {**example["decision"], "id": f"r{i}"}}) for i in range(4)])
     response = app.test_client().post("/invocations", data=lines, content_type="application/jsonlines")
 
-    assert response.status_code == 200, "the mini-batch is answered, never refused whole"
+    assert response.status_code == 503, response.get_data(as_text=True)
+    answer = response.get_json()
+    assert answer["retryable"] is True
+    assert re.match(r"line [3-5]: the mini-batch's time \(1 s, 90% of ADAPTER_BATCH_TIMEOUT_S\) ran out before "
+                    r"this record, [2-4] of its 5 records answered", answer["error"]), answer
+    assert "result" not in response.get_data(as_text=True)
+
+
+def test_on_an_endpoint_a_record_past_the_deadline_is_an_error_line_in_a_200(blocked, example):
+    app, engine, release = blocked(request_timeout_s=0.9)
+    engine.on_score = lambda: time.sleep(0.5)
+    lines = "\n".join(json.dumps({"decision": {**example["decision"], "id": f"r{i}"}}) for i in range(4))
+    response = app.test_client().post("/invocations", data=lines, content_type="application/jsonlines")
+
+    assert response.status_code == 200
     out = [json.loads(line) for line in response.get_data(as_text=True).splitlines()]
-    assert len(out) == 5 and out[0]["status"] == 400
-    answered = [o for o in out[1:] if "result" in o]
-    late = [o for o in out[1:] if "result" not in o]
-    assert answered and late, "some records fit the budget, the rest did not"
-    assert all(o["status"] == 503 and o["retryable"] is True and o["error"].startswith("line ") for o in late)
+    assert "result" in out[0] and out[-1]["status"] == 503 and out[-1]["retryable"] is True
+
+
+@pytest.mark.parametrize("environ", [{"SAGEMAKER_BATCH": "true"},
+                                     {"SAGEMAKER_BATCH": "TRUE", "ADAPTER_DEPLOYMENT": "realtime"}])
+def test_sagemakers_own_batch_variable_makes_a_transform_whatever_the_model_says(environ):
+    assert Settings.from_env(environ).deployment == "transform"
+
+
+def test_without_sagemakers_batch_variable_the_setting_decides():
+    assert Settings.from_env({"SAGEMAKER_BATCH": "false"}).deployment == "realtime"
+    assert Settings.from_env({"ADAPTER_DEPLOYMENT": "transform"}).deployment == "transform"
+
+
+def test_a_transform_started_without_the_setting_is_recognised_by_its_execution_parameters_call(blocked, example):
+    """SageMaker calls /execution-parameters only in a Batch Transform: after it, a mini-batch has the transform's
+    budget (here 0.9 x 30 s, where the endpoint's 0.5 s would refuse it), and running out of it fails the
+    mini-batch rather than leaving an error line."""
+    app, engine, _ = blocked(request_timeout_s=0.5, batch_timeout_s=30)
+    engine.on_score = lambda: time.sleep(1.0)
+    client = app.test_client()
+    assert client.post("/invocations", json=example).status_code == 503, "an endpoint's deadline first"
+
+    assert client.get("/execution-parameters").status_code == 200
+    response = client.post("/invocations", json=example)
+    assert response.status_code == 200, response.get_json()
+    assert app.extensions["decision_adapter"].in_transform

@@ -28,9 +28,11 @@ VERSION = "1"
 
 
 # The contract of a batch, in one place: what a multi-record request is answered with.
-BATCH_LINES = ("One request object (any of the application/json bodies) per line. A batch is never refused whole: "
-               "the answer has one line per input line, in order, each the record's answer or its error (with the "
-               "record's status, and retryable where sending that record again may pass).")
+BATCH_LINES = ("One request object (any of the application/json bodies) per line. The answer has one line per input "
+               "line, in order, each the record's answer or its error (with the record's status, and retryable where "
+               "sending that record again may pass). A batch is refused whole only in a Batch Transform, and only "
+               "when its time runs out before a record: a retryable 503 naming the line, so that SageMaker retries "
+               "it and the job reports the failure (a 200's lines are stored as results).")
 
 
 class ExecutionParameters(ds.Response):

@@ -11,6 +11,8 @@ like every request's, is the deployment's (``calls.request_budget``), whatever t
 
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, Response, request
 
 from ..errors import ApiError
@@ -23,6 +25,7 @@ from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_b
 from .state import current
 
 blueprint = Blueprint("sagemaker", __name__)
+logger = logging.getLogger(__name__)
 KERNEL_KEYS = ("cpu_variant", "cpu_features")
 
 
@@ -53,6 +56,11 @@ def execution_parameters() -> Response:
     """Batch Transform asks this once per container, once it is healthy: what one instance can finish."""
     gate.require_model()
     state = current()
+    if not state.in_transform:
+        logger.warning("/execution-parameters was called, which SageMaker does only in a Batch Transform: every "
+                       "request from now on is a mini-batch with the transform's budget (set ADAPTER_DEPLOYMENT="
+                       "transform to say so from the start)")
+        state.execution_parameters_asked = True
     model = state.readiness.model
     return json_response(batch.execution_parameters(state.settings, model.scheduler.tokens_per_s,
                                                     model.text_bytes_per_token).as_json())
@@ -72,7 +80,7 @@ def invocations() -> Response:
     budget = request_budget()
     parsed = bodies.parse_invocation(read_body(), lines=kind in JSONLINES_TYPES, max_lines=current().settings.max_lines)
     if parsed.records is not None:
-        results = batch.answer_lines(parsed.records, budget)
+        results = batch.answer_lines(parsed.records, budget, mini_batch=current().in_transform)
         return Response("\n".join(bodies.dumps(r) for r in results) + "\n", 200, mimetype="application/jsonlines")
     reply = answer_object(parsed.value, protocol_of(parsed.value), budget)
     return json_response(reply.payload, reply.status, reply.headers)

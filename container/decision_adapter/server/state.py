@@ -28,6 +28,15 @@ class AdapterState:
     engine: Any = None  # an engine handed in (tests); None: the loader builds the real one
     loader: threading.Thread | None = field(default=None, repr=False)
     turns: LargeBodyTurns = field(default_factory=LargeBodyTurns)  # one large body parsed at a time
+    # SageMaker called /execution-parameters, which it does only in a Batch Transform: a transform started
+    # without ADAPTER_DEPLOYMENT=transform (or SAGEMAKER_BATCH) is one all the same.
+    execution_parameters_asked: bool = False
+
+    @property
+    def in_transform(self) -> bool:
+        """Whether this container serves a Batch Transform job: the settings say so, or SageMaker asked what a
+        transform asks."""
+        return self.settings.deployment == "transform" or self.execution_parameters_asked
 
     def close(self) -> None:
         """Wait for the loader, then stop the model's scheduler and free what the loader loaded (an engine handed
