@@ -45,9 +45,10 @@ def enter() -> None:
 
 def leave(_exc: BaseException | None = None) -> None:
     request_state = current_request()
-    if request_state is not None:
-        request_state.give_back_turn()
-    if request_state is not None and request_state.admitted:
+    if request_state is None:
+        return
+    request_state.give_back_turn()
+    if request_state.admitted:
         current().admission.leave()
         request_state.admitted = False
 
