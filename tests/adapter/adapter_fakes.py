@@ -94,7 +94,8 @@ class FakeEngine:
         return plan  # nothing is ever cached
 
     def begin(self, spec: JobSpec, plan: Plan | None = None) -> "FakeJob":
-        return FakeJob(spec, (plan or self.plan(spec)).tokens)
+        plan = plan or self.plan(spec)
+        return FakeJob(spec, plan.tokens, plan)
 
     def abort(self) -> None:
         self.aborted = True
@@ -137,6 +138,7 @@ class FakeEngine:
 class FakeJob:
     spec: JobSpec
     tokens: int
+    plan: Plan
     result: object = None
     decoded_tokens: int = 0
 

@@ -137,8 +137,10 @@ def test_a_dry_run_reports_what_the_real_run_then_does(fresh, route, protocol, m
     assert report["cached_tokens"] == 0 and report["prior_tokens"] > 0 and report["readout_tokens"] > 0
     assert report["decode_tokens"] > report["prior_tokens"] + report["readout_tokens"]
     assert report["tokens_per_s"] > 0, "the start-up probe measured the speed"
-    assert report["estimate_s"] == pytest.approx((report["queued_tokens"] + report["decode_tokens"])
-                                                 / report["tokens_per_s"])
+    # The estimate is the cost model's (engine/cost.py), fitted to the jobs run so far: on the probe's jobs alone it
+    # is close to the mean speed's reckoning, never an order of magnitude away.
+    by_speed = (report["queued_tokens"] + report["decode_tokens"]) / report["tokens_per_s"]
+    assert 0.2 * by_speed < report["estimate_s"] < 5 * by_speed
     check_prompts(protocol, report, answer)
     assert report["prompt_tokens"] == sum(q["input_tokens"] for q in questions(protocol, report).values())
 

@@ -15,7 +15,7 @@ from adapter_fakes import FakeEngine, fake_model_dir
 from decision_adapter.decisions.model import DecisionModel, Question
 from decision_adapter.engine.errors import Busy, DeadlineExceeded, DecodeAborted, TooLarge, TooSlow
 from decision_adapter.engine.outlook import foreseen_plan, leaves
-from decision_adapter.engine.plan import JobSpec, Limits, plan_job
+from decision_adapter.engine.plan import JobSpec, Limits, Plan, plan_job
 from decision_adapter.engine.readout import LabelTrie, ScoreStats
 from decision_adapter.engine.scheduler import JobRunner, Scheduler
 from decision_adapter.server.app import create_app
@@ -28,6 +28,7 @@ TRIE = LabelTrie.build([(1,), (2,)])
 class CountingJob:
     spec: JobSpec
     tokens: int
+    plan: Plan
     decoded_tokens: int = 0
 
 
@@ -49,7 +50,7 @@ class CachingRunner:
     def begin(self, spec, plan=None):
         plan = foreseen_plan(spec, plan or plan_job(spec, LIMITS), LIMITS, self.cache.__contains__)
         self.begun.append(plan.tokens)
-        return CountingJob(spec, plan.tokens)
+        return CountingJob(spec, plan.tokens, plan)
 
     def step(self, job) -> bool:
         n = min(self.step_tokens, job.tokens - job.decoded_tokens)
@@ -148,15 +149,18 @@ def test_a_job_whose_state_left_the_cache_is_charged_again_and_refused_when_it_s
 
 
 def test_work_that_can_never_fit_is_too_large_not_busy(measured):
+    """Twice what is allowed, or more, and the record of the estimates (exact here) explains no such error: too
+    large, the non-retryable refusal. Less than twice is tried: the estimate may be that far off."""
     _, scheduler = measured
     speed = scheduler.tokens_per_s
     with pytest.raises(TooLarge) as refused:
-        scheduler.submit(*job(3000, 100, "huge"), deadline=time.monotonic() + 60, allowed_s=1.0)
+        scheduler.submit(*job(5000, 100, "huge"), deadline=time.monotonic() + 60, allowed_s=1.0)
     assert not isinstance(refused.value, Busy), "no retry can pass: it is not the retryable refusal"
-    assert refused.value.tokens == 3100 and refused.value.allowed_s == 1.0
-    assert refused.value.allowed_tokens == int(speed)
+    assert refused.value.tokens == 5100 and refused.value.allowed_s == 1.0
+    assert refused.value.allowed_tokens == pytest.approx(speed, rel=0.1)
     assert scheduler.queued_tokens == 0
-    scheduler.result(scheduler.submit(*job(300, 10, "fits"), deadline=time.monotonic() + 60, allowed_s=1.0))
+    scheduler.result(scheduler.submit(*job(2500, 10, "over-but-within-the-margin"), deadline=time.monotonic() + 60,
+                                      allowed_s=1.0))
 
 
 @pytest.mark.parametrize("how", ["deadline between steps", "abort inside a step"])

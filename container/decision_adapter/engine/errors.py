@@ -37,24 +37,25 @@ class TooSlow(Busy):
 
 
 class TooLarge(RuntimeError):
-    """A request's own work, at the measured speed, takes longer than its deadline allows even on an idle server:
-    no retry can pass; the request must be split."""
+    """A request's own work takes longer than its deadline allows even on an idle server, by a margin the cost
+    model's error cannot explain (``cost.CostModel.fastest``): no retry can pass; the request must be split."""
 
-    def __init__(self, tokens: int, tokens_per_s: float, allowed_s: float):
-        super().__init__(f"{tokens} tokens need about {tokens / tokens_per_s:.0f} s at the measured "
-                         f"{tokens_per_s:.0f} tokens/s; {allowed_s:.0f} s are allowed")
+    def __init__(self, tokens: int, needed_s: float, allowed_s: float):
+        super().__init__(f"{tokens} tokens need about {needed_s:.0f} s as this server's jobs have run; "
+                         f"{allowed_s:.0f} s are allowed")
         self.tokens = tokens
-        self.tokens_per_s = tokens_per_s
+        self.needed_s = needed_s
         self.allowed_s = allowed_s
 
     @property
-    def needed_s(self) -> float:
-        return self.tokens / self.tokens_per_s
+    def tokens_per_s(self) -> float:
+        """The rate this work would be decoded at, as estimated."""
+        return self.tokens / self.needed_s
 
     @property
     def allowed_tokens(self) -> int:
-        """About the most a request may decode here: what the measured speed does in the time allowed."""
-        return int(self.tokens_per_s * self.allowed_s)
+        """About the most a request of this shape may decode here: what that rate does in the time allowed."""
+        return int(self.tokens * self.allowed_s / self.needed_s)
 
 
 class DeadlineExceeded(RuntimeError):

@@ -14,13 +14,15 @@ memory out from empty cells, which is what keeps an answer the same bit for bit 
 Admission is by work and by time. A job is charged what it will decode when it starts: its plan given what the
 cache holds and what the jobs ahead of it will have left there (``outlook``: a state they decode is restored, an
 answer they read is not read again). It is accepted while those tokens, added to those of the jobs queued and
-running, stay within ``ADAPTER_QUEUE_TOKENS`` (a job alone is always accepted), and while that work, at the speed
-measured on the jobs run so far, can be done before the job's deadline; otherwise ``Busy``, at once. A request
-whose own work, at that speed, takes longer than its deadline allows even on an idle server (``allowed_s``) gets
-``TooLarge``: no retry can pass. When a job starts it is charged again, for what the cache then holds, and a job
-that can no longer finish before its deadline is refused then (``TooSlow``) rather than run into it. The speed is
-learnt from every job that ran, to its end or not: the tokens of the decodes it finished over the seconds they
-took. Everything a job owns (its plan, its reads, its future) lives in the job. ``assess`` applies the same rules
+running, stay within ``ADAPTER_QUEUE_TOKENS`` (a job alone is always accepted), and while that work can be done
+before the job's deadline, in the seconds the cost model gives the work queued, what the running job has left and
+the job's own (``cost``: by tokens, decode calls and the cells attended over, learnt from the jobs that ran);
+otherwise ``Busy``, at once. A request whose own work takes longer than its deadline allows even on an idle
+server (``allowed_s``) by a margin the model's error cannot explain (``CostModel.fastest``) gets ``TooLarge``: no
+retry can pass. When a job starts it is charged again, for what the cache then holds, and a job that can no
+longer finish before its deadline is refused then (``TooSlow``) rather than run into it. The model learns from
+every job that ran, to its end or not: the work of the decodes it finished and the seconds they took. The mean
+speed (``tokens_per_s``) is kept for sizing Batch Transform. Everything a job owns (its plan, its reads, its future) lives in the job. ``assess`` applies the same rules
 to a request's jobs without queueing them (a dry run): what each would be charged, and what admission would say.
 """
 
@@ -36,6 +38,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol, Sequence, runtime_checkable
 
+from .cost import NOTHING, CostModel, Work, done_work, plan_work
 from .errors import Busy, DeadlineExceeded, DecodeAborted, ScoringFailed, TooLarge, TooSlow
 from .outlook import leaves
 from .plan import JobSpec, Plan
@@ -44,8 +47,8 @@ from .readout import PromptScore, ScoreStats
 log = logging.getLogger(__name__)
 # A caller waits this much past the deadline for the job to be dropped at its step boundary before it cancels it.
 RESULT_GRACE_S = 0.5
-# The speed is tokens over seconds summed over the recent jobs, each job weighing by its tokens (a large job's
-# rate is what admission needs to foresee, and small jobs' fixed costs would understate it), older jobs fading.
+# The mean speed (Batch Transform's sizing) is tokens over seconds summed over the recent jobs, each job weighing by
+# its tokens, older jobs fading.
 SPEED_MEMORY = 0.8  # the weight the sums keep at each new job
 
 
@@ -53,7 +56,8 @@ SPEED_MEMORY = 0.8  # the weight the sums keep at each new job
 class JobRunner(Protocol):
     """What the scheduler needs of an engine: a lock held while stepping, what a job will decode given the cache,
     a job's start, steps, end and results, and a way to stop the decode in progress from another thread. A job
-    has ``tokens`` (what it decodes) and ``decoded_tokens`` (what it has decoded so far)."""
+    has ``plan`` (what it runs), ``tokens`` (what it decodes) and ``decoded_tokens`` (what it has decoded so far,
+    whole micro-batches of its plan in order)."""
 
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
@@ -82,6 +86,7 @@ class Ticket:
     plan: Plan  # as if nothing were cached
     deadline: float  # time.monotonic() after which the job is dropped (math.inf: never)
     tokens: int  # what the job is charged: what it will decode (foreseen at admission, known once it starts)
+    work: Work = NOTHING  # the same by what its seconds depend on (``cost.Work``)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     future: Future = field(default_factory=Future)
@@ -99,19 +104,14 @@ class Admission:
     queued_tokens: int  # the tokens of the jobs queued and running ahead of it
     tokens_per_s: float | None  # the measured speed; None before the first job
     refusal: Busy | TooLarge | None  # what ``submit_all`` would raise now; None: admitted
+    # Seconds until the jobs are done as admission reckons them: the work ahead and theirs, by the cost model (None
+    # before the first job; 0 when there is no job to queue).
+    estimate_s: float | None
 
     @property
     def tokens(self) -> int:
         """What the jobs are charged: the tokens they will decode."""
         return sum(plan.tokens for plan in self.plans)
-
-    @property
-    def estimate_s(self) -> float | None:
-        """Seconds until the jobs are done as admission reckons them: the tokens queued ahead and theirs at the
-        measured speed (None before the first job; 0 when there is no job to queue)."""
-        if not self.plans:
-            return 0.0
-        return (self.queued_tokens + self.tokens) / self.tokens_per_s if self.tokens_per_s else None
 
 
 class Scheduler:
@@ -122,6 +122,9 @@ class Scheduler:
         self._ready = threading.Condition()
         self._queued_tokens = 0
         self._running: Ticket | None = None
+        self._running_job: Any = None  # the running ticket's job once it has begun
+        self._queued_work = NOTHING  # the work of the jobs queued and running, as charged
+        self._cost = CostModel()
         self._stopping = False
         self._decoded = self._seconds = 0.0  # the decaying sums the speed is read from
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -144,16 +147,18 @@ class Scheduler:
         text); raises ``TooLarge`` when that alone needs more than ``allowed_s`` at the measured speed, else
         ``Busy`` or ``TooSlow`` when it does not fit now."""
         end = math.inf if deadline is None else deadline
-        tickets = [Ticket(spec, plan, end, foreseen.tokens)
+        tickets = [Ticket(spec, plan, end, foreseen.tokens, plan_work(foreseen))
                    for (spec, plan), foreseen in zip(jobs, self._foresee(jobs))]
         with self._ready:
-            refusal = self._refusal(sum(t.tokens for t in tickets), end, by_tokens, allowed_s)
+            refusal = self._refusal(sum(t.tokens for t in tickets), _total(t.work for t in tickets), end, by_tokens,
+                                    allowed_s)
             if refusal is not None:
                 raise refusal
             if not self._thread.is_alive():  # no thread would ever take the jobs
                 raise ScoringFailed("the scheduler thread died")
             for ticket in tickets:
                 self._queued_tokens += ticket.tokens
+                self._queued_work = self._queued_work + ticket.work
                 self._queue.append(ticket)
             self._ready.notify()
         return tickets
@@ -165,9 +170,11 @@ class Scheduler:
         and the exception ``submit_all`` would raise (None: admitted). No job at all is admitted at once."""
         end = math.inf if deadline is None else deadline
         plans = tuple(self._foresee(jobs))
+        work = _total(plan_work(plan) for plan in plans)
         with self._ready:
-            refusal = self._refusal(sum(p.tokens for p in plans), end, by_tokens, allowed_s) if jobs else None
-            return Admission(plans, self._queued_tokens if jobs else 0, self.tokens_per_s, refusal)
+            refusal = self._refusal(sum(p.tokens for p in plans), work, end, by_tokens, allowed_s) if jobs else None
+            estimate = self._cost.seconds(self._ahead() + work) if jobs else 0.0
+            return Admission(plans, self._queued_tokens if jobs else 0, self.tokens_per_s, refusal, estimate)
 
     def _foresee(self, jobs: Sequence[tuple[JobSpec, Plan]]) -> list[Plan]:
         """Each job's plan as it will run, given the cache and what the jobs queued and running, then the request's
@@ -185,26 +192,33 @@ class Scheduler:
         for ticket in (*self._queue, *((self._running,) if self._running is not None else ())):
             yield from leaves(ticket.spec)
 
-    def _refusal(self, tokens: int, deadline: float, by_tokens: bool,
+    def _refusal(self, tokens: int, work: Work, deadline: float, by_tokens: bool,
                  allowed_s: float | None) -> Busy | TooLarge | None:
-        """Why a request whose jobs decode ``tokens`` is not admitted now (the rules of the module's text), or None;
-        called with the lock held."""
+        """Why a request whose jobs decode ``tokens`` (``work``) is not admitted now (the rules of the module's
+        text), or None; called with the lock held."""
         if self._stopping:
             return Busy("the server is shutting down")
-        speed = self.tokens_per_s
-        if speed and allowed_s is not None and tokens / speed > allowed_s:
-            return TooLarge(tokens, speed, allowed_s)
+        fastest = self._cost.fastest(work)
+        if fastest is not None and allowed_s is not None and fastest > allowed_s:
+            return TooLarge(tokens, self._cost.seconds(work), allowed_s)
         queued = self._queued_tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
             return Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
-        if speed and not math.isinf(deadline):
-            needed = (queued + tokens) / speed
+        needed = self._cost.seconds(self._ahead() + work)
+        if needed is not None and not math.isinf(deadline):
             left = deadline - time.monotonic()
             if needed > left:
                 return TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about "
-                               f"{needed:.1f} s at the measured {speed:.0f} tokens/s; {max(0.0, left):.1f} s are "
+                               f"{needed:.1f} s as this server's jobs have run; {max(0.0, left):.1f} s are "
                                f"left before its deadline")
         return None
+
+    def _ahead(self) -> Work:
+        """The work of the jobs queued and what the running one has left (called with the lock held)."""
+        job = self._running_job
+        if job is None:
+            return self._queued_work
+        return self._queued_work - done_work(job.plan, job.decoded_tokens)
 
     def result(self, ticket: Ticket) -> tuple[list[PromptScore], ScoreStats]:
         """The job's result; raises DeadlineExceeded (the job is cancelled) or ScoringFailed."""
@@ -222,6 +236,7 @@ class Scheduler:
             if ticket in self._queue:
                 self._queue.remove(ticket)
                 self._queued_tokens -= ticket.tokens
+                self._queued_work = self._queued_work - ticket.work
                 ticket.future.cancel()
             elif self._running is ticket:
                 self.engine.abort()
@@ -229,6 +244,11 @@ class Scheduler:
     @property
     def queued_tokens(self) -> int:
         return self._queued_tokens
+
+    @property
+    def cost(self) -> CostModel:
+        """The cost model admission uses (read it under no lock only for reports)."""
+        return self._cost
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -253,6 +273,7 @@ class Scheduler:
             with self._ready:
                 for ticket in self._queue:
                     self._queued_tokens -= ticket.tokens
+                    self._queued_work = self._queued_work - ticket.work
                     ticket.future.set_exception(Busy("the server is shutting down"))
                 self._queue.clear()
                 self.engine.abort()
@@ -277,6 +298,7 @@ class Scheduler:
             with self._ready:
                 for ticket in self._queue:
                     self._queued_tokens -= ticket.tokens
+                    self._queued_work = self._queued_work - ticket.work
                     if not ticket.future.done():
                         ticket.future.set_exception(ScoringFailed("the scheduler thread died"))
                 self._queue.clear()
@@ -302,8 +324,9 @@ class Scheduler:
                 raise
             finally:
                 with self._ready:
-                    self._running = None
+                    self._running = self._running_job = None
                     self._queued_tokens -= ticket.tokens
+                    self._queued_work = self._queued_work - ticket.work
 
     def _run(self, ticket: Ticket) -> None:
         ticket.started = time.monotonic()
@@ -318,7 +341,7 @@ class Scheduler:
         try:
             with engine.lock:
                 job = engine.begin(ticket.spec, ticket.plan)
-                if late := self._recharge(ticket, job.tokens):
+                if late := self._recharge(ticket, job):
                     engine.abandon(job)
                     ticket.future.set_exception(late)
                     return
@@ -326,14 +349,15 @@ class Scheduler:
                     stepped = time.monotonic()
                     if stepped > ticket.deadline:
                         engine.abandon(job)
-                        self._measure(job.decoded_tokens, stepped - ticket.started)
+                        self._measure(job, stepped - ticket.started)
                         ticket.future.set_exception(DeadlineExceeded("the job ran past its deadline"))
                         return
                 stepped = time.monotonic()
             result = engine.finish(job)
-            self._measure(job.decoded_tokens, stepped - ticket.started)
+            self._measure(job, stepped - ticket.started)
         except DecodeAborted:  # the engine dropped the job already
-            self._measure(job.decoded_tokens if job is not None else 0, stepped - ticket.started)
+            if job is not None:
+                self._measure(job, stepped - ticket.started)
             ticket.future.set_exception(DeadlineExceeded("the job was stopped at its deadline"))
             return
         except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the scheduler
@@ -342,20 +366,35 @@ class Scheduler:
             return
         ticket.future.set_result(result)
 
-    def _recharge(self, ticket: Ticket, tokens: int) -> TooSlow | None:
+    def _recharge(self, ticket: Ticket, job: Any) -> TooSlow | None:
         """Charge a starting job what it decodes as the cache now stands (more than foreseen where an entry it
         counted on is gone, less where one came); a TooSlow if that can no longer be done before its deadline."""
+        tokens, work = job.tokens, plan_work(job.plan)
         with self._ready:
             self._queued_tokens += tokens - ticket.tokens
-            ticket.tokens = tokens
-        speed = self.tokens_per_s
+            self._queued_work = self._queued_work - ticket.work + work
+            ticket.tokens, ticket.work = tokens, work
+            self._running_job = job
+            needed = self._cost.seconds(work)
         left = ticket.deadline - time.monotonic()
-        if speed and not math.isinf(left) and tokens / speed > left:
-            return TooSlow(f"the {tokens} tokens of this job need about {tokens / speed:.1f} s at the measured "
-                           f"{speed:.0f} tokens/s; {max(0.0, left):.1f} s were left when it started")
+        if needed is not None and not math.isinf(left) and needed > left:
+            return TooSlow(f"the {tokens} tokens of this job need about {needed:.1f} s as this server's jobs have "
+                           f"run; {max(0.0, left):.1f} s were left when it started")
         return None
 
-    def _measure(self, tokens: int, seconds: float) -> None:
+    def _measure(self, job: Any, seconds: float) -> None:
+        """Learn from a job that ran (to its end or not): the work of the decodes it finished, in ``seconds``."""
+        tokens = job.decoded_tokens
         if tokens > 0 and seconds > 0:
+            work = done_work(job.plan, tokens)
+            with self._ready:
+                self._cost.learn(work, seconds, self._cost.seconds(work))
             self._decoded = SPEED_MEMORY * self._decoded + tokens
             self._seconds = SPEED_MEMORY * self._seconds + seconds
+
+
+def _total(works: Iterator[Work] | Sequence[Work]) -> Work:
+    total = NOTHING
+    for work in works:
+        total = total + work
+    return total
