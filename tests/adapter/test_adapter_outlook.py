@@ -50,7 +50,8 @@ class CachingRunner:
     def begin(self, spec, plan=None):
         plan = foreseen_plan(spec, plan or plan_job(spec, LIMITS), LIMITS, self.cache.__contains__)
         self.begun.append(plan.tokens)
-        return CountingJob(spec, plan.tokens, plan)
+        self.current = CountingJob(spec, plan.tokens, plan)
+        return self.current
 
     def step(self, job) -> bool:
         n = min(self.step_tokens, job.tokens - job.decoded_tokens)
@@ -146,6 +147,21 @@ def test_a_job_whose_state_left_the_cache_is_charged_again_and_refused_when_it_s
     with pytest.raises(TooSlow, match="were left when it started"):
         scheduler.result(ticket)
     assert runner.begun[-1] == 2020 and scheduler.queued_tokens == 0
+
+
+def test_the_running_job_is_charged_what_it_has_left(measured):
+    """A 4,000-token job (2 s) three quarters done leaves 0.5 s of work: a 400-token job (0.2 s) due in 1 s is
+    admitted. Charged the running job's whole work (2.2 s in all), it was refused."""
+    runner, scheduler = measured
+    running = scheduler.submit(*job(3990, 10, "long"))
+    deadline = time.monotonic() + 30
+    while getattr(runner, "current", None) is None or runner.current.spec is not running.spec or \
+            runner.current.decoded_tokens < 3000:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ticket = scheduler.submit(*job(390, 10, "short"), deadline=time.monotonic() + 1.0)
+    scheduler.result(running)
+    scheduler.result(ticket)
 
 
 def test_work_that_can_never_fit_is_too_large_not_busy(measured):
