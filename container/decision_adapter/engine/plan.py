@@ -23,6 +23,15 @@ request holds and whatever is cached:
 * its label paths (labels of several tokens, past 26 options) are then decoded side by side on forks of it,
   one micro-batch per prompt, and every fork is released before the next prompt starts.
 
+A prompt may name its stem (``JobSpec.stems``): its own tokens that do not depend on the order of its options (the
+question, up to its options block). Its own tokens are then decoded in two runs, the stem in micro-batches from its
+first token and the rest (options block, answer position) in micro-batches from the stem's end, whatever else the
+job holds. Consecutive prompts with the same stem (the orderings of one question, or of its prior) decode it once:
+the first forks the state and decodes the stem, each decodes its rest after it, and the sequence is cut back to the
+stem's end (``Cut``: the rest's cells free again, the next prompt's rest goes into the same cells) for the next.
+Every prompt still sees the same micro-batches and cells whether its stem was decoded for it or for an ordering
+before it, so a question's orderings cost one stem and K option blocks, bit for bit as if each were decoded alone.
+
 A prompt therefore sees the same micro-batches and the same cells alone, beside other questions, on a cache
 hit or on a miss, and its probabilities are the same bit for bit. The cost is that the questions of one
 request are decoded one after another rather than side by side, which on a CPU (compute-bound) costs little,
@@ -109,7 +118,15 @@ class Release:
     seqs: tuple[int, ...]
 
 
-Step = Union[Restore, Decode, Fork, Save, Release]
+@dataclass(frozen=True)
+class Cut:
+    """Keep only ``seq``'s first ``tokens`` positions (a prompt's stem, for the next prompt that shares it)."""
+
+    seq: int
+    tokens: int
+
+
+Step = Union[Restore, Decode, Fork, Save, Release, Cut]
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,13 @@ class JobSpec:
     # saved state serves as. The fused layout leaves out state_end (its last micro-batch holds a prompt's tokens).
     boundaries: tuple[tuple[int, bytes], ...] = ()
     prefix: int = 0  # the state restored from a cached prefix up to this boundary (0: none)
+    # For each prompt, where its stem ends (its own tokens before it do not depend on the order of its options:
+    # decoded once for consecutive prompts that share them); state_end: no stem. (): no prompt has one.
+    stems: tuple[int, ...] = ()
+
+    def stem(self, i: int) -> int:
+        """Where prompt ``i``'s stem ends (``state_end`` when it has none)."""
+        return self.stems[i] if self.stems else self.state_end
 
     @property
     def prefix_key(self) -> bytes | None:
@@ -152,7 +176,7 @@ class Plan:
     sequences: int  # sequence ids used, 0 .. sequences - 1
     shared_tokens: int  # state tokens decoded (0 on a cache hit; past the prefix on a prefix hit)
     cached_tokens: int  # state tokens restored from the cache instead (the whole state, or a prefix of it)
-    own_tokens: tuple[int, ...]  # tokens decoded for each prompt alone (0 for an answered prompt)
+    own_tokens: tuple[int, ...]  # tokens decoded for each prompt (0: answered); a shared stem counts with the first
     readout_tokens: int  # label-path tokens decoded
 
     @property
@@ -184,12 +208,18 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
                          f"prompt at least one token of its own (shortest prompt: {shortest} tokens)")
     if spec.prefix and not (spec.head < spec.prefix <= spec.state_end and spec.prefix_key is not None):
         raise ValueError(f"a prefix restored to {spec.prefix} must end on one of the state's boundaries")
+    if spec.stems and (len(spec.stems) != len(spec.prompts)
+                       or not all(spec.state_end <= end < len(p) for end, p in zip(spec.stems, spec.prompts))):
+        raise ValueError("each prompt's stem must end within its own tokens, before its last")
     planner = _Planner(spec, limits)
     todo = [i for i in range(len(spec.prompts)) if i not in spec.answered]
     if todo:
         fused_first = planner.state_steps(todo[0])
-        for i in todo:
-            planner.prompt_steps(i, own_decoded=i == fused_first)
+        for n, i in enumerate(todo):
+            before = todo[n - 1] if n else None
+            after = todo[n + 1] if n + 1 < len(todo) else None
+            planner.prompt_steps(i, own_decoded=i == fused_first, stem_decoded=_same_stem(spec, before, i),
+                                 stem_kept=_same_stem(spec, i, after))
         planner.steps.append(Release((STATE_SEQ,)))
     if planner.peak > limits.cells:
         raise PlanError(f"needs {planner.peak} memory cells at its peak, over the {limits.cells} the model's context "
@@ -248,7 +278,8 @@ class _Planner:
         state = chunked(STATE_SEQ, prompt[start:spec.state_end], start, limits.batch_tokens, None)
         suffix = prompt[spec.state_end:]
         last = state[-1].chunks[0]
-        fused = limits.fused and len(last.tokens) + len(suffix) <= limits.batch_tokens
+        # A prompt with a stem decodes it on its own (its orderings share it), so it is never fused.
+        fused = limits.fused and spec.stem(first) == spec.state_end and len(last.tokens) + len(suffix) <= limits.batch_tokens
         if fused:
             # One llama_decode for the state's last micro-batch and the first prompt's own tokens: the state's
             # tokens belong to the state and to the prompt, the prompt's to the prompt alone.
@@ -272,18 +303,26 @@ class _Planner:
             self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end,
                                    tuple(digest for _, digest in spec.boundaries)))
 
-    def prompt_steps(self, i: int, *, own_decoded: bool) -> None:
+    def prompt_steps(self, i: int, *, own_decoded: bool, stem_decoded: bool = False, stem_kept: bool = False) -> None:
         """Prompt ``i``: forked from the state, its own tokens decoded from their first (unless the fused state's
-        decode held them already), then its label paths side by side on forks of it, each group released."""
+        decode held them already), then its label paths side by side on forks of it, each group released. With a
+        stem, the stem is decoded from its first token (unless the prompt before left it: ``stem_decoded``) and
+        the rest from the stem's end; the prompt's sequence is cut back to its stem for the next prompt
+        (``stem_kept``) instead of released."""
         spec, limits = self.spec, self.limits
         prompt, trie = spec.prompts[i], spec.tries[i]
+        stem = spec.stem(i)
         if not own_decoded:
-            self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
-            suffix = prompt[spec.state_end:]
-            self.steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens,
-                                  Read(i, (), trie.children[()]))
+            if not stem_decoded:
+                self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
+                self.steps += chunked(PROMPT_SEQ, prompt[spec.state_end:stem], spec.state_end, limits.batch_tokens,
+                                      None)
+                self.hold(PROMPT_SEQ, stem - spec.state_end)
+                self.own[i] = stem - spec.state_end
+            suffix = prompt[stem:]
+            self.steps += chunked(PROMPT_SEQ, suffix, stem, limits.batch_tokens, Read(i, (), trie.children[()]))
             self.hold(PROMPT_SEQ, len(suffix))
-            self.own[i] = len(suffix)
+            self.own[i] += len(suffix)
         paths = trie.inner_nodes
         room = limits.sequences - FIRST_PATH_SEQ
         if paths and room < 1:
@@ -301,8 +340,21 @@ class _Planner:
             self.steps.append(Release(seqs))
             for seq in seqs:
                 self.live.pop(seq)
-        self.steps.append(Release((PROMPT_SEQ,)))
-        self.live.pop(PROMPT_SEQ)
+        if stem_kept:
+            self.steps.append(Cut(PROMPT_SEQ, stem))
+            self.live[PROMPT_SEQ] = stem - spec.state_end
+        else:
+            self.steps.append(Release((PROMPT_SEQ,)))
+            self.live.pop(PROMPT_SEQ)
+
+
+def _same_stem(spec: JobSpec, i: int | None, j: int | None) -> bool:
+    """Whether prompts ``i`` and ``j`` have one stem (the same tokens, ending at the same place): ``j`` can
+    start from the stem ``i`` decoded."""
+    if i is None or j is None or not spec.stems:
+        return False
+    end = spec.stems[i]
+    return end > spec.state_end and end == spec.stems[j] and spec.prompts[i][:end] == spec.prompts[j][:end]
 
 
 def _groups(paths: list[tuple[int, ...]], seqs: int, batch_tokens: int) -> list[list[tuple[int, ...]]]:
