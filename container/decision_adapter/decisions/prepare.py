@@ -231,7 +231,10 @@ class Preparer:
         plan = self._plan(where, spec)
         modes = tuple(self.debias_mode(q) for q in questions)
         priors, no_prior = self._priors(questions, modes, tokens, tries, orders, owners, span, where, budget, stems)
-        return Prepared(tuple(questions), tuple(tokens), budget.tokens, span, tuple(tries), tuple(orders),
+        # What the plans decode: the budget above counted each ordering's stem again (a bound on it, checked while
+        # tokenizing); the plans decode a stem once for a question's orderings.
+        planned = plan.tokens + sum(p.plan.tokens for p in priors)
+        return Prepared(tuple(questions), tuple(tokens), planned, span, tuple(tries), tuple(orders),
                         tuple(owners), tuple(digests), spec, plan, modes, permutations, tuple(priors),
                         frozenset(no_prior), where)
 
