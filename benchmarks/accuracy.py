@@ -348,6 +348,37 @@ def goals_markdown(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def cost_only(base, tasks: list[Task], args: Any, argv: list[str] | None, result: dict[str, Any]) -> int:
+    """Section 3 alone (``--cost-only``): seconds and tokens per decision of each served mode and K, on the first
+    ``--cost-per-tier`` tasks of each tier, with the first style; cost.json and a table."""
+    from decision_adapter.decisions.debias import MODES as MODES_SERVED
+    from decision_adapter.startup import Experiment, load_decision_model
+
+    experiment = Experiment(prompt_style=args.styles[0])
+    with Provenance("benchmarks.accuracy", argv) as provenance:
+        model = load_decision_model(base, calibrated=False, experiment=experiment)
+        provenance.ran_with(base, experiment=experiment)
+        provenance.kernels_of(model.model_info)
+        try:
+            result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
+                                          [m for m in args.debias if m in MODES_SERVED])
+        finally:
+            model.close()
+    result["command"] = provenance.command
+    result["provenance"] = provenance.record()
+    (args.out / "cost.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("| mode, K | tokens new state, new question | s | tokens new state, question seen | s | "
+          "ratio to K=1 (s, new question) | ratio to K=1 (s, question seen) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, row in result["cost"].items():
+        one = result["cost"].get(pair_name(row["mode"], 1))
+        ratio = {c: row[f"seconds_p50_{c}"] / one[f"seconds_p50_{c}"] if one else float("nan")
+                 for c in ("cold", "prior_warm")}
+        print(f"| {name} | {row['tokens_p50_cold']} | {row['seconds_p50_cold']:.3f} | {row['tokens_p50_prior_warm']} | "
+              f"{row['seconds_p50_prior_warm']:.3f} | {ratio['cold']:.2f} | {ratio['prior_warm']:.2f} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from decision_adapter.decisions.debias import PRIORS
     from decision_adapter.decisions.prompt import DEFAULT_STYLE, STYLES
@@ -375,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "prompt: the debias section is evaluated from it, nothing scored")
     parser.add_argument("--cost-per-tier", type=int, default=0, metavar="N",
                         help="time each debias mode and K on the first N tasks of each tier (0: skip)")
+    parser.add_argument("--cost-only", action="store_true",
+                        help="only section 3, the cost (with --cost-per-tier N, --orders and --debias): cost.json")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--out", type=Path, default=Path("benchmark-results"))
@@ -394,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     base = replace(Settings.from_env(), model_dir=model_dir, threads=args.threads)
     result: dict[str, Any] = {"model": Path(model_dir).name, "tasks": len(tasks), "threads": args.threads,
                               "order_tiers": args.order_tiers, "cost_per_tier": args.cost_per_tier, "styles": {}}
+    if args.cost_only:
+        return cost_only(base, tasks, args, argv, result)
     with Provenance("benchmarks.accuracy", argv) as provenance:
         first_scored = None
         section = [t for t in tasks if t.tier in args.order_tiers]

@@ -406,3 +406,75 @@ def favourite_check(raw: dict[str, Any], tasks: Sequence[Task], mode: str = "lab
 
 def mean_or_nan(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else math.nan
+
+
+# ---- the readouts of an earlier run, measured again -------------------------------------------------------------
+
+def same_as(raw: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    """How the readouts measured again (``measure``'s output) compare with ``raw``'s, record by record (a task at
+    one K): equal bit for bit (every logit of the answer's rows and of every prior's rows, ``==``), or not, with
+    the largest difference of a logit."""
+    equal = differ = 0
+    largest = 0.0
+    for task_id, entry in again["tasks"].items():
+        for k, rec in entry["given"].items():
+            before = raw["tasks"].get(task_id, {}).get("given", {}).get(k)
+            if before is None or rec is None:
+                continue
+            if rec == before:
+                equal += 1
+                continue
+            differ += 1
+            pairs = [(rec["answer"], before["answer"])] + [(rec["prior_rows"][key], before["prior_rows"].get(key, []))
+                                                           for key in rec["prior_rows"]]
+            for new_rows, old_rows in pairs:
+                for (new, _), (old, _) in zip(new_rows, old_rows):
+                    largest = max(largest, max(abs(a - b) for a, b in zip(new, old)))
+    return {"records_equal": equal, "records_different": differ, "largest_logit_difference": largest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.priors --same-as RAW``: the raw readouts of an earlier run (``raw.json.gz``) measured
+    again with this code, on the tasks selected, at the K and modes given: whether a change of the engine moved
+    any of them."""
+    import argparse
+    import gzip
+    import os
+    from pathlib import Path
+
+    from .tasks import BIAS_TASKS, DEFAULT_TASKS, add_selection_options, load, selected
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.priors", description=main.__doc__)
+    parser.add_argument("--same-as", type=Path, required=True, help="the raw.json.gz of the earlier run")
+    parser.add_argument("--tasks", nargs="+", type=Path, default=[DEFAULT_TASKS, BIAS_TASKS])
+    parser.add_argument("--model-dir", required=True)
+    add_selection_options(parser)
+    parser.add_argument("--orders", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--modes", nargs="+", default=["off", "empty", "content-free", "label"])
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--save", type=Path, help="keep the readouts measured again here (a raw.json.gz)")
+    args = parser.parse_args(argv)
+
+    from decision_adapter.settings import Settings
+    from decision_adapter.startup import load_decision_model
+    from dataclasses import replace
+
+    raw = json.loads(gzip.decompress(args.same_as.read_bytes()))
+    tasks = [t for t in selected(load(args.tasks), args) if t.id in raw["tasks"]]
+    model = load_decision_model(replace(Settings.from_env(), model_dir=args.model_dir, threads=args.threads),
+                                calibrated=False)
+    try:
+        if model.prompt_version != raw["prompt_version"]:
+            raise SystemExit(f"the prompt is {model.prompt_version}, the raw readouts' {raw['prompt_version']}")
+        again = measure(model, tasks, args.orders, args.modes)
+        if args.save:
+            args.save.write_bytes(gzip.compress(json.dumps(again).encode(), mtime=0))
+    finally:
+        model.close()
+    found = same_as(raw, again)
+    print(json.dumps({"tasks": len(tasks), "orders": args.orders, "modes": args.modes, **found}))
+    return 0 if not found["records_different"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

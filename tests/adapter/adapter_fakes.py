@@ -75,12 +75,15 @@ class FakeEngine:
 
     limits = Limits(batch_tokens=512, cells=4096, sequences=32)
 
-    def job_spec(self, prompts, tries, state=None) -> JobSpec:
-        """As the real engine's: the resident head where every prompt starts with it, then the state."""
+    def job_spec(self, prompts, tries, state=None, stems=None) -> JobSpec:
+        """As the real engine's: the resident head where every prompt starts with it, then the state, and each
+        prompt's stem past it."""
         common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
         head = len(self.head) if all(tuple(p[:len(self.head)]) == self.head for p in prompts) else 0
-        return JobSpec(tuple(map(tuple, prompts)), tuple(tries), head,
-                       max(head, common if state is None else min(state[1], common)))
+        end = max(head, common if state is None else min(state[1], common))
+        own = tuple(max(end, min(s, len(p) - 1)) for s, p in zip(stems, prompts)) if stems else ()
+        return JobSpec(tuple(map(tuple, prompts)), tuple(tries), head, end,
+                       stems=own if any(s > end for s in own) else ())
 
     def plan(self, spec: JobSpec):
         return plan_job(spec, self.limits)

@@ -17,7 +17,7 @@ from typing import Any, Protocol, Sequence
 
 from ..engine.errors import PlanError
 from ..engine.plan import JobSpec, Plan
-from ..engine.readout import LabelTrie
+from ..engine.readout import LabelTrie, common_prefix
 from ..errors import InputError, Loc
 from .debias import PRIORS, DebiasMode, content_free
 from .labels import PAIRED, SINGLE
@@ -203,10 +203,11 @@ class Preparer:
         budget = _Budget(self.limits.max_request_tokens, where)
         budget.add(len(state))  # the head is resident: never decoded for a request
         fixed = tuple(t.encode("utf-8") for t in (self.layout.head, state_text, self.layout.tail))
-        tokens, tries, orders, owners, digests = [], [], [], [], []
+        tokens, tries, orders, owners, digests, stems = [], [], [], [], [], []
         permutations = tuple(q.permutations or self.default_permutations for q in questions)
         for i, q in enumerate(questions):
             digest = hashlib.sha256()
+            stem = self._stem_tokens(q.question)
             for k, order in enumerate(orderings(q.option_keys or q.options, permutations[i])):
                 text = self.layout.question_segment(q.question, self.labels(len(order), q.kind),
                                                     [q.options[j] for j in order])
@@ -217,6 +218,7 @@ class Preparer:
                 trie = self.trie(len(order), q.kind)
                 budget.add(len(own) + sum(len(path) for path in trie.inner_nodes))
                 tokens.append(head + state + own)
+                stems.append(common_prefix([own, stem]))
                 tries.append(trie)
                 orders.append(order)
                 owners.append(i)
@@ -225,21 +227,25 @@ class Preparer:
                     digest.update(part)
             digests.append(digest.hexdigest())
         span = (len(head), len(head) + len(state))
-        spec = self.engine.job_spec(tokens, tries, span)
+        spec = self.engine.job_spec(tokens, tries, span, [span[1] + n for n in stems])
         plan = self._plan(where, spec)
         modes = tuple(self.debias_mode(q) for q in questions)
-        priors, no_prior = self._priors(questions, modes, tokens, tries, orders, owners, span, where, budget)
-        return Prepared(tuple(questions), tuple(tokens), budget.tokens, span, tuple(tries), tuple(orders),
+        priors, no_prior = self._priors(questions, modes, tokens, tries, orders, owners, span, where, budget, stems)
+        # What the plans decode: the budget above counted each ordering's stem again (a bound on it, checked while
+        # tokenizing); the plans decode a stem once for a question's orderings.
+        planned = plan.tokens + sum(p.plan.tokens for p in priors)
+        return Prepared(tuple(questions), tuple(tokens), planned, span, tuple(tries), tuple(orders),
                         tuple(owners), tuple(digests), spec, plan, modes, permutations, tuple(priors),
                         frozenset(no_prior), where)
 
     def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], tokens: list[tuple[int, ...]],
                 tries: list[LabelTrie], orders: list[tuple[int, ...]], owners: list[int], span: tuple[int, int],
-                where: Loc, budget: _Budget) -> tuple[list[PriorJob], set[int]]:
+                where: Loc, budget: _Budget, stems: list[int]) -> tuple[list[PriorJob], set[int]]:
         """The prior jobs: each content-free prompt kind once, with the prompts (options, ordering, tail, and for a
         state prior the question) of every question whose mode averages it; and the questions with a state prior
         whose state carries no content (none is scored for them: ``Prepared.no_prior``). Their tokens go into the
-        budget as if none were cached, so that what is refused never depends on the cache."""
+        budget as if none were cached, so that what is refused never depends on the cache. ``stems``: the length
+        of each prompt's stem (its question, shared by its orderings); a label prior's is its replacement's."""
         head, tail = self.head_tokens, self.tail_tokens
         members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
         no_prior: set[int] = set()
@@ -252,26 +258,35 @@ class Preparer:
             mine = [k for k, owner in enumerate(owners) if owner == i]
             if mode.question is None:  # a state prior: the question's own tokens after the state
                 own = {k: tokens[k][span[1]:] for k in mine}
+                stem = {k: stems[k] for k in mine}
             else:  # a label prior: the question replaced, the options in each ordering kept
                 own = {k: tuple(self.tokenizer.tokenize(self.layout.question_segment(
                     mode.question, self.labels(len(orders[k]), q.kind), [q.options[j] for j in orders[k]]))) + tail
                     for k in mine}
+                replaced = self._stem_tokens(mode.question)
+                stem = {k: common_prefix([own[k], replaced]) for k in mine}
             for text in mode.states:
                 members.setdefault((text, mode.question), []).extend(
-                    (k, head + self.content_free_tokens[text] + own[k]) for k in mine)
+                    (k, head + self.content_free_tokens[text] + own[k], stem[k]) for k in mine)
         priors = []
         for (text, question_text), rows in members.items():
             free = self.content_free_tokens[text]
             budget.add(len(free), check=False)
-            for k, prompt in rows:
+            for k, prompt, _ in rows:
                 if len(prompt) > self.ceiling:
                     raise self._too_long(questions[owners[k]].loc, f"a prior prompt of {len(prompt)} tokens")
                 budget.add(len(prompt) - len(head) - len(free) + sum(len(path) for path in tries[k].inner_nodes))
-            prior_spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows],
-                                              (len(head), len(head) + len(free)))
-            priors.append(PriorJob(text, tuple(k for k, _ in rows), prior_spec, self._plan(where, prior_spec),
+            state_end = len(head) + len(free)
+            prior_spec = self.engine.job_spec([prompt for _, prompt, _ in rows], [tries[k] for k, _, _ in rows],
+                                              (len(head), state_end), [state_end + n for _, _, n in rows])
+            priors.append(PriorJob(text, tuple(k for k, _, _ in rows), prior_spec, self._plan(where, prior_spec),
                                    question_text))
         return priors, no_prior
+
+    def _stem_tokens(self, question: str) -> tuple[int, ...]:
+        """The tokens of what every ordering of ``question``'s options starts with; a prompt's stem is as much of
+        them as its own tokens begin with (a token the first option's line merges with is left to the rest)."""
+        return tuple(self.tokenizer.tokenize(self.layout.question_stem(question)))
 
     def _plan(self, where: Loc, spec: JobSpec) -> Plan:
         try:

@@ -186,6 +186,12 @@ def question_segment(question: str, labels: Sequence[str], options: Sequence[str
     return f"{question}\n\nOptions:\n{lines}" + (f"\n\n{answer_line}" if answer_line else "")
 
 
+def question_stem(question: str) -> str:
+    """What every ordering of a question's options has in common at the start of its ``question_segment``: the
+    question and the options' heading (the options' own lines start with the first label, whatever the order)."""
+    return f"{question}\n\nOptions:\n"
+
+
 def user_payload(state: str, question: str, labels: Sequence[str], options: Sequence[str],
                  answer_line: str = ANSWER_LINE) -> str:
     return f"{STATE_HEADING}{state_segment(state)}{question_segment(question, labels, options, answer_line)}"
@@ -260,6 +266,9 @@ class PromptLayout:
 
     def question_segment(self, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
         return question_segment(question, labels, options, self.style.answer_line)
+
+    def question_stem(self, question: str) -> str:
+        return question_stem(question)
 
     def user_payload(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
         return user_payload(state, question, labels, options, self.style.answer_line)

@@ -91,12 +91,14 @@ class Engine:
     # ---- jobs and the cache --------------------------------------------------------------------
 
     def job_spec(self, prompts: Sequence[Sequence[int]], tries: Sequence[LabelTrie],
-                 state: tuple[int, int] | None = None) -> JobSpec:
+                 state: tuple[int, int] | None = None, stems: Sequence[int] | None = None) -> JobSpec:
         """How a job's prompts relate to the head and to each other, before looking at the cache.
 
         ``state`` is the span of tokens that every prompt has whatever its question (the state, up to and
         including the question heading); its end is the cacheable prefix, saved under ``state_key``. Without
-        it, prompts share what they have in common, minus at least one token of their own.
+        it, prompts share what they have in common, minus at least one token of their own. ``stems``: where each
+        prompt's stem ends (its tokens that do not depend on its options' order, ``plan``), shared by the prompts
+        next to each other that have it; kept only where the model's memory can be cut back to it.
         """
         if not prompts or len(prompts) != len(tries):
             raise ValueError("one label trie per prompt is needed")
@@ -113,7 +115,12 @@ class Engine:
         last = end - 1 if self.limits.fused else end
         boundaries = boundary_keys(prompts[0], head, last, self.limits.batch_tokens) \
             if state_key and self.model.truncatable else ()
-        return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys, boundaries=boundaries)
+        # A stem that does not reach past the state is no stem; a recurrent or hybrid model cannot cut a sequence
+        # back to its stem, so its prompts are decoded whole, as before stems.
+        own_stems = tuple(max(end, min(stem, len(p) - 1)) for stem, p in zip(stems, prompts)) \
+            if stems and self.model.truncatable else ()
+        return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys, boundaries=boundaries,
+                       stems=own_stems if any(s > end for s in own_stems) else ())
 
     def plan(self, spec: JobSpec) -> Plan:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import DecodeAborted, EngineError
 from .memory import Blob, Memory
-from .plan import Decode, Fork, Read, Release, Restore, Save, Step
+from .plan import Cut, Decode, Fork, Read, Release, Restore, Save, Step
 from .readout import NodeRead
 
 DECODE_FAILURES = {1: "no free memory cells for the batch", 2: "aborted", -1: "invalid batch"}
@@ -89,6 +89,8 @@ class Executor:
             outcome.saved[step.key] = memory.save(step.seq)
         elif isinstance(step, Release):
             memory.release(step.seqs)
+        elif isinstance(step, Cut):
+            memory.cut(step.seq, step.tokens)
         outcome.prefill_s += time.perf_counter() - started
 
     def decode(self, step: Decode, reads: dict[tuple[int, tuple[int, ...]], NodeRead]) -> None:

@@ -23,14 +23,18 @@ request holds and whatever is cached:
 * its label paths (labels of several tokens, past 26 options) are then decoded side by side on forks of it,
   one micro-batch per prompt, and every fork is released before the next prompt starts.
 
-A prompt therefore sees the same micro-batches and the same cells alone, beside other questions, on a cache
-hit or on a miss, and its probabilities are the same bit for bit. The cost is that the questions of one
-request are decoded one after another rather than side by side, which on a CPU (compute-bound) costs little,
-and that a new state and its first question take two ``llama_decode`` calls where one would do.
-
-``Limits.fused`` (``ADAPTER_LAYOUT=fused``) saves that call: the state's last micro-batch and the first question's
-own tokens go in one, the state's tokens belonging to both sequences. The first question's answer then depends on
-whether its state was cached and on which question came first (measured in docs/benchmarks.md, "Layout").
+A prompt may name its stem (``JobSpec.stems``): its own tokens that do not depend on the order of its options (the
+question, up to its options block). Consecutive prompts with the same stem (the orderings of one question, or of its
+prior) decode it once: the first forks the state and decodes the stem, each decodes its rest (options block, answer
+position) after it, and the sequence is cut back to the stem (``Cut``: the rest's cells free again, the next
+prompt's rest goes into the same cells) for the next. The micro-batches are still those of the prompt decoded whole
+(``batch_tokens`` each from the state's end), the one the stem ends in split in two: its stem part and its rest
+part, decoded one after the other. llama.cpp's CPU matrix kernels work on the rows of a micro-batch in groups (4 on
+x86-64 for the benchmark model's Q4_K), a group's rows computed together and the rows left over apart; so the split
+is moved down to a multiple of ``STEM_ROWS`` rows from that micro-batch's first, where every row stays in the group
+it has in the whole micro-batch, and the keys, values and logits are those of the prompt decoded whole, bit for bit
+(measured: docs/benchmarks.md, "Orderings that share their stem"). A question's orderings then cost its stem once
+and each ordering's options block.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ from typing import Literal, Sequence, Union
 
 from .errors import PlanError
 from .readout import LabelTrie
+
+# The stem and the rest of a prompt are split at a multiple of this many rows from the first row of their
+# micro-batch: the row groups of llama.cpp's CPU matrix kernels (4 rows) are kept whole, with room to spare.
+STEM_ROWS = 8
 
 STATE_SEQ = 0
 PROMPT_SEQ = 1
@@ -109,7 +117,15 @@ class Release:
     seqs: tuple[int, ...]
 
 
-Step = Union[Restore, Decode, Fork, Save, Release]
+@dataclass(frozen=True)
+class Cut:
+    """Keep only ``seq``'s first ``tokens`` positions (a prompt's stem, for the next prompt that shares it)."""
+
+    seq: int
+    tokens: int
+
+
+Step = Union[Restore, Decode, Fork, Save, Release, Cut]
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,13 @@ class JobSpec:
     # saved state serves as. The fused layout leaves out state_end (its last micro-batch holds a prompt's tokens).
     boundaries: tuple[tuple[int, bytes], ...] = ()
     prefix: int = 0  # the state restored from a cached prefix up to this boundary (0: none)
+    # For each prompt, where its stem ends (its own tokens before it do not depend on the order of its options:
+    # decoded once for consecutive prompts that share them, ``stem_split``); state_end: no stem. (): none has one.
+    stems: tuple[int, ...] = ()
+
+    def stem(self, i: int) -> int:
+        """Where prompt ``i``'s stem ends (``state_end`` when it has none)."""
+        return self.stems[i] if self.stems else self.state_end
 
     @property
     def prefix_key(self) -> bytes | None:
@@ -152,7 +175,7 @@ class Plan:
     sequences: int  # sequence ids used, 0 .. sequences - 1
     shared_tokens: int  # state tokens decoded (0 on a cache hit; past the prefix on a prefix hit)
     cached_tokens: int  # state tokens restored from the cache instead (the whole state, or a prefix of it)
-    own_tokens: tuple[int, ...]  # tokens decoded for each prompt alone (0 for an answered prompt)
+    own_tokens: tuple[int, ...]  # tokens decoded for each prompt (0: answered); a shared stem counts with the first
     readout_tokens: int  # label-path tokens decoded
 
     @property
@@ -172,6 +195,26 @@ def chunked(seq: int, tokens: Sequence[int], pos: int, size: int, read: Read | N
     return steps
 
 
+def stem_split(stem: int, state_end: int, batch_tokens: int) -> int:
+    """Where a prompt whose stem ends at ``stem`` is split: down to a multiple of ``STEM_ROWS`` rows from the
+    first token of the micro-batch (``batch_tokens`` each from ``state_end``) the stem ends in."""
+    start = state_end + (stem - state_end) // batch_tokens * batch_tokens
+    return start + (stem - start) // STEM_ROWS * STEM_ROWS
+
+
+def aligned(seq: int, tokens: Sequence[int], begin: int, end: int, origin: int, size: int,
+            read: Read | None) -> list[Decode]:
+    """Positions [begin, end) of ``tokens`` on ``seq`` in the micro-batches of ``size`` tokens counted from
+    ``origin`` (each cut where one of them ends); the last token's logits are kept when ``read`` is given."""
+    steps = []
+    pos = begin
+    while pos < end:
+        stop = min(end, origin + ((pos - origin) // size + 1) * size)
+        steps.append(Decode((Chunk(seq, pos, tuple(tokens[pos:stop]), read if stop == end else None),)))
+        pos = stop
+    return steps
+
+
 def plan_job(spec: JobSpec, limits: Limits) -> Plan:
     """The steps of ``spec`` under ``limits``: the state's (restored, or decoded and saved), then each prompt's
     not already answered (forked from the state, its own tokens, its label paths); PlanError if its peak memory
@@ -184,12 +227,18 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
                          f"prompt at least one token of its own (shortest prompt: {shortest} tokens)")
     if spec.prefix and not (spec.head < spec.prefix <= spec.state_end and spec.prefix_key is not None):
         raise ValueError(f"a prefix restored to {spec.prefix} must end on one of the state's boundaries")
+    if spec.stems and (len(spec.stems) != len(spec.prompts)
+                       or not all(spec.state_end <= end < len(p) for end, p in zip(spec.stems, spec.prompts))):
+        raise ValueError("each prompt's stem must end within its own tokens, before its last")
     planner = _Planner(spec, limits)
     todo = [i for i in range(len(spec.prompts)) if i not in spec.answered]
     if todo:
         fused_first = planner.state_steps(todo[0])
-        for i in todo:
-            planner.prompt_steps(i, own_decoded=i == fused_first)
+        for n, i in enumerate(todo):
+            before = todo[n - 1] if n else None
+            after = todo[n + 1] if n + 1 < len(todo) else None
+            planner.prompt_steps(i, own_decoded=i == fused_first, stem_decoded=planner.same_stem(before, i),
+                                 stem_kept=planner.same_stem(i, after))
         planner.steps.append(Release((STATE_SEQ,)))
     if planner.peak > limits.cells:
         raise PlanError(f"needs {planner.peak} memory cells at its peak, over the {limits.cells} the model's context "
@@ -210,6 +259,19 @@ class _Planner:
         self.peak = 0
         self.shared = self.cached = self.readout = self.paths_seqs = 0
         self.own = [0] * len(spec.prompts)
+
+    def same_stem(self, i: int | None, j: int | None) -> bool:
+        """Whether prompts ``i`` and ``j`` are split at one place after the same tokens: ``j`` can start from the
+        stem ``i`` decoded."""
+        if i is None or j is None:
+            return False
+        end = self.split(i)
+        return end > self.spec.state_end and end == self.split(j) and \
+            self.spec.prompts[i][:end] == self.spec.prompts[j][:end]
+
+    def split(self, i: int) -> int:
+        """Where prompt ``i``'s own tokens are split into stem and rest (``state_end``: not split)."""
+        return stem_split(self.spec.stem(i), self.spec.state_end, self.limits.batch_tokens)
 
     def hold(self, seq: int, cells: int) -> None:
         self.live[seq] = self.live.get(seq, 0) + cells
@@ -248,7 +310,9 @@ class _Planner:
         state = chunked(STATE_SEQ, prompt[start:spec.state_end], start, limits.batch_tokens, None)
         suffix = prompt[spec.state_end:]
         last = state[-1].chunks[0]
-        fused = limits.fused and len(last.tokens) + len(suffix) <= limits.batch_tokens
+        # A prompt whose stem is split off decodes it on its own (its orderings share it), so it is never fused.
+        fused = limits.fused and self.split(first) == spec.state_end \
+            and len(last.tokens) + len(suffix) <= limits.batch_tokens
         if fused:
             # One llama_decode for the state's last micro-batch and the first prompt's own tokens: the state's
             # tokens belong to the state and to the prompt, the prompt's to the prompt alone.
@@ -272,18 +336,25 @@ class _Planner:
             self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end,
                                    tuple(digest for _, digest in spec.boundaries)))
 
-    def prompt_steps(self, i: int, *, own_decoded: bool) -> None:
+    def prompt_steps(self, i: int, *, own_decoded: bool, stem_decoded: bool = False, stem_kept: bool = False) -> None:
         """Prompt ``i``: forked from the state, its own tokens decoded from their first (unless the fused state's
-        decode held them already), then its label paths side by side on forks of it, each group released."""
+        decode held them already), then its label paths side by side on forks of it, each group released. With a
+        stem, the stem is decoded from its first token (unless the prompt before left it: ``stem_decoded``) and
+        the rest from the stem's end; the prompt's sequence is cut back to its stem for the next prompt
+        (``stem_kept``) instead of released."""
         spec, limits = self.spec, self.limits
         prompt, trie = spec.prompts[i], spec.tries[i]
+        stem, size = self.split(i), limits.batch_tokens
         if not own_decoded:
-            self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
-            suffix = prompt[spec.state_end:]
-            self.steps += chunked(PROMPT_SEQ, suffix, spec.state_end, limits.batch_tokens,
+            if not stem_decoded:
+                self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
+                self.steps += aligned(PROMPT_SEQ, prompt, spec.state_end, stem, spec.state_end, size, None)
+                self.hold(PROMPT_SEQ, stem - spec.state_end)
+                self.own[i] = stem - spec.state_end
+            self.steps += aligned(PROMPT_SEQ, prompt, stem, len(prompt), spec.state_end, size,
                                   Read(i, (), trie.children[()]))
-            self.hold(PROMPT_SEQ, len(suffix))
-            self.own[i] = len(suffix)
+            self.hold(PROMPT_SEQ, len(prompt) - stem)
+            self.own[i] += len(prompt) - stem
         paths = trie.inner_nodes
         room = limits.sequences - FIRST_PATH_SEQ
         if paths and room < 1:
@@ -301,8 +372,12 @@ class _Planner:
             self.steps.append(Release(seqs))
             for seq in seqs:
                 self.live.pop(seq)
-        self.steps.append(Release((PROMPT_SEQ,)))
-        self.live.pop(PROMPT_SEQ)
+        if stem_kept:
+            self.steps.append(Cut(PROMPT_SEQ, stem))
+            self.live[PROMPT_SEQ] = stem - spec.state_end
+        else:
+            self.steps.append(Release((PROMPT_SEQ,)))
+            self.live.pop(PROMPT_SEQ)
 
 
 def _groups(paths: list[tuple[int, ...]], seqs: int, batch_tokens: int) -> list[list[tuple[int, ...]]]:
