@@ -459,20 +459,26 @@ def main(argv: list[str] | None = None) -> int:
     from decision_adapter.startup import load_decision_model
     from dataclasses import replace
 
+    from .provenance import Provenance
+
     raw = json.loads(gzip.decompress(args.same_as.read_bytes()))
     tasks = [t for t in selected(load(args.tasks), args) if t.id in raw["tasks"]]
-    model = load_decision_model(replace(Settings.from_env(), model_dir=args.model_dir, threads=args.threads),
-                                calibrated=False)
-    try:
-        if model.prompt_version != raw["prompt_version"]:
-            raise SystemExit(f"the prompt is {model.prompt_version}, the raw readouts' {raw['prompt_version']}")
-        again = measure(model, tasks, args.orders, args.modes)
-        if args.save:
-            args.save.write_bytes(gzip.compress(json.dumps(again).encode(), mtime=0))
-    finally:
-        model.close()
-    found = same_as(raw, again)
-    print(json.dumps({"tasks": len(tasks), "orders": args.orders, "modes": args.modes, **found}))
+    settings = replace(Settings.from_env(), model_dir=args.model_dir, threads=args.threads)
+    with Provenance("benchmarks.priors", argv) as provenance:
+        provenance.ran_with(settings)
+        model = load_decision_model(settings, calibrated=False)
+        try:
+            provenance.kernels_of(model.model_info)
+            if model.prompt_version != raw["prompt_version"]:
+                raise SystemExit(f"the prompt is {model.prompt_version}, the raw readouts' {raw['prompt_version']}")
+            again = measure(model, tasks, args.orders, args.modes)
+            if args.save:
+                args.save.write_bytes(gzip.compress(json.dumps(again).encode(), mtime=0))
+        finally:
+            model.close()
+        found = same_as(raw, again)
+        print(json.dumps({"tasks": len(tasks), "orders": args.orders, "modes": args.modes, **found,
+                          "provenance": provenance.record()}))
     return 0 if not found["records_different"] else 1
 
 

@@ -119,3 +119,18 @@ def test_the_rule_keeps_to_the_cost_limit_and_to_served_modes_and_prefers_the_ch
                 "label a=1 f=0 K=1": block({"a/x": 7, "a/y": 6, QB: 5})}
     tokens = {**TOKENS, "na K=1": TOKENS["label K=1"]}
     assert priors.choose(results, tokens)["pair"] == "label a=1 f=0 K=1", "one task behind empty, cheaper cold"
+
+
+def test_readouts_measured_again_with_the_same_code_are_the_same_and_the_run_is_named(raw, tmp_path, capsys):
+    from decision_adapter.decisions.model_files import embedded_model_dir
+
+    earlier = tmp_path / "raw.json.gz"
+    earlier.write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
+    code = priors.main(["--same-as", str(earlier), "--tasks", str(SAMPLE), str(BIAS_TASKS),
+                        "--model-dir", str(embedded_model_dir()), "--orders", "1", "2",
+                        "--modes", "off", "empty", "label", "--threads", "2"])
+    found = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert found["tasks"] == len(raw["task_ids"])
+    assert found["records_equal"] == 2 * len(raw["task_ids"]) and found["records_different"] == 0
+    assert found["provenance"]["command"].startswith("python -m benchmarks.priors --same-as ")
