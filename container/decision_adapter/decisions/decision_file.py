@@ -63,8 +63,8 @@ def read_decision_file(path: Path) -> DecisionFile | None:
         raise ModelIncompatible("reading a GGUF's decision metadata needs the gguf package (container/requirements.txt)")
     try:
         fields = GGUFReader(str(path), "r").fields
-    except (ValueError, OSError) as exc:
-        raise ModelIncompatible(f"{path.name} is not a readable GGUF: {exc}") from None
+    except (ValueError, OSError):
+        return None  # no metadata to read: llama.cpp's loader says what is wrong with the file
 
     def value(key: str) -> Any:
         found = fields.get(key)
