@@ -21,7 +21,9 @@ from .decisions.calibration import CalibrationError
 from .decisions.calibration import load as load_calibration
 from .decisions.combine import Scored
 from .decisions.labels import SINGLE
-from .decisions.model import DecisionModel, Limits, ModelIncompatible, Question, ScoringEngine, prompt_layout
+from .decisions.decision_file import read_decision_file
+from .decisions.model import (DecisionModel, Limits, ModelIncompatible, Question, QuestionSource, ScoringEngine,
+                              prompt_layout)
 from .decisions.model_files import ModelFilesError, find_gguf, verify
 from .decisions.prompt import DEFAULT_STYLE, STYLES, state_segment
 from .engine.scheduler import Scheduler
@@ -105,6 +107,10 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
     started = time.perf_counter()
     gguf = find_gguf(settings.model_dir) if engine is None else Path(engine.model_path)
     identity = verify(gguf)
+    # The model kind, chosen once from the file: a decision GGUF's type (its rules answer it; a type this runtime
+    # cannot run is refused here, before llama.cpp is asked to load tensors it does not know), or None: a plain chat
+    # model, answered by this adapter's own readout.
+    decision = read_decision_file(gguf)
     owns_engine = engine is None
     if engine is None:
         from .engine.core import Engine
@@ -112,10 +118,10 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         engine = Engine(str(gguf), engine_options(settings, experiment))
     scheduler = None
     try:
-        layout = prompt_layout(engine, STYLES[experiment.prompt_style])
+        layout = prompt_layout(engine, STYLES[experiment.prompt_style]) if decision is None else None
         calibration = load_calibration(gguf.parent, gguf_sha256=identity.sha256, prompt_version=layout.version,
                                        permutations=settings.permutations, debias=settings.debias) \
-            if calibrated else None
+            if calibrated and layout is not None else None  # a decision GGUF's temperatures are the file's
         runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture,
                    "threads": settings.threads, "gpu_layers": settings.gpu_layers,
                    "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
@@ -126,7 +132,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                               served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
                               default_permutations=settings.permutations, default_debias=settings.debias,
                               default_strength=settings.debias_strength, default_floor=settings.debias_floor,
-                              owns_engine=owns_engine)
+                              owns_engine=owns_engine, decision=decision)
         probe(model)
     except BaseException:
         if scheduler is not None:
@@ -151,20 +157,26 @@ def probe(model: DecisionModel) -> Scored:
     distribution. A second one over a state of about a micro-batch gives the scheduler its first measure of the
     decode speed at the size that matters for admission (the first decision alone is mostly fixed costs); and the
     request text per evaluated token is measured for Batch Transform's sizing (``model.text_bytes_per_token``)."""
+    source = QuestionSource("probe", "choice", PROBE_QUESTION, PROBE_STATE,
+                            tuple((f"option_{i}", text) for i, text in enumerate(PROBE_OPTIONS)))
     question = Question(("probe",), PROBE_STATE, PROBE_QUESTION, PROBE_OPTIONS,
                         tuple(("probe", "options", i) for i in range(3)), ("probe", "state"),
-                        ("probe", "question"), debias="off")  # the answer's own cost, without a prior's
+                        ("probe", "question"), debias="off", source=source)  # the answer's own cost, no prior's
     [result] = model.score(model.prepare([question])).results
     room = min(512, model.prompt_ceiling // 2, model.limits.max_request_tokens // 2)
     long_state = " ".join(f"({i}) {PROBE_STATE}" for i in range(1, max(2, room // 25)))
     try:
-        model.score(model.prepare([replace(question, state=long_state)]))
+        model.score(model.prepare([replace(question, state=long_state,
+                                           source=replace(source, state=long_state))]))
     except InputError:
         pass  # limits too tight for it: the speed is measured on requests instead
     # The probe's state and question text over what the plan decodes for them under the server's default debias
     # mode, the first prior's tokens counted (a record of a question not seen before pays it; a JSON record adds
     # ids and keys: more bytes per token).
-    text = state_segment(PROBE_STATE) + model.layout.question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
+    if model.layout is not None:
+        text = state_segment(PROBE_STATE) + model.layout.question_segment(PROBE_QUESTION, SINGLE[:3], PROBE_OPTIONS)
+    else:  # a decision GGUF's template: the request's own text
+        text = PROBE_STATE + PROBE_QUESTION + "".join(PROBE_OPTIONS)
     charged = model.prepare([replace(question, debias=None)]).request_tokens
     model.text_bytes_per_token = len(text.encode("utf-8")) / charged
     p = result.probabilities

@@ -33,7 +33,9 @@ def test_each_question_type_answers_in_the_system_one_shape(client):
     assert response.headers["x-typesafe-request-id"]
     body = response.get_json()
     assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
-    assert set(body) - {"model", "answers", "usage"} == {"x_evaluated_tokens", "x_cached_tokens", "x_timing"}
+    assert set(body) - {"model", "answers", "usage"} == {"x_evaluated_tokens", "x_cached_tokens", "x_timing",
+                                                         "x_model"}
+    assert body["x_model"] == {"kind": "chat", "rules": "decision-adapter (its own prompt and readout)"}
     assert body["usage"]["output_tokens"] == 0 and isinstance(body["usage"]["input_tokens"], int)
     assert body["usage"]["input_tokens"] > 3 * 60
     answers = body["answers"]

@@ -39,6 +39,10 @@ class Scored:
     adjusted_logits: tuple[float, ...] = ()
     debias: dict[str, Any] | None = None  # the debiasing applied ({"mode", "states", "strength", "floor"}), if any
     prior: tuple[float, ...] | None = None  # the prior's own distribution over the options, when debiased
+    # A decision GGUF's own answer figures (decisions.letter): "noul", or "confidence" (and "score"), computed by its
+    # type's rules; None: the protocols compute them from the probabilities.
+    answer: dict[str, float] | None = None
+    temperature: float | None = None  # the file's temperature a decision GGUF's answer was read at
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,15 @@ from .calibration import Calibration
 from .combine import Answered, Defaults, Readouts, Scored, combine
 from .debias import DEFAULT_FLOOR, DEFAULT_STRENGTH, MODES
 from .labels import MAX_OPTIONS
+from .decision_file import DecisionFile
+from .letter import LetterReadout
 from .literals import literal_pattern
 from .model_files import ModelIdentity
-from .prepare import Limits, Prepared, Preparer, Question, Tokenizer, orderings
+from .prepare import Limits, Prepared, Preparer, Question, QuestionSource, Tokenizer, orderings
 from .prompt import (DEFAULT_STYLE, STYLES, ChatTemplate, ModelIncompatible, PromptLayout, PromptStyle,
                      TemplateError)
 
-__all__ = ["Answered", "DecisionModel", "DryPrompt", "DryRun", "JobScheduler", "Limits", "ModelIncompatible", "Prepared", "Question",
+__all__ = ["Answered", "DecisionModel", "DryPrompt", "DryRun", "JobScheduler", "Limits", "ModelIncompatible", "Prepared", "Question", "QuestionSource",
            "Readouts", "Scored", "ScoringEngine", "orderings", "prompt_layout"]
 
 
@@ -136,13 +138,12 @@ class DryRun:
 
 
 class DecisionModel:
-    max_options = MAX_OPTIONS
-
     def __init__(self, engine: ScoringEngine, scheduler: JobScheduler, identity: ModelIdentity, limits: Limits,
                  runtime: dict[str, Any], *, served_id: str = "", layout: PromptLayout | None = None,
                  calibration: Calibration | None = None, default_permutations: int = 1,
                  default_debias: str = "off", default_strength: float = DEFAULT_STRENGTH,
-                 default_floor: float = DEFAULT_FLOOR, owns_engine: bool = True):
+                 default_floor: float = DEFAULT_FLOOR, owns_engine: bool = True,
+                 decision: DecisionFile | None = None):
         self.engine = engine
         self.owns_engine = owns_engine  # False: the engine was handed in (tests, benchmarks) and outlives the model
         self.scheduler = scheduler
@@ -151,15 +152,32 @@ class DecisionModel:
         self.limits = limits
         self.calibration = calibration  # a calibration.json fitted for this GGUF, prompt and orderings, if any
         self.defaults = Defaults(default_strength, default_floor)  # ADAPTER_DEBIAS_STRENGTH, ADAPTER_DEBIAS_FLOOR
-        self.layout = layout or prompt_layout(engine, STYLES[DEFAULT_STYLE])
-        self.prompt_version = self.layout.version
-        self.preparer = Preparer(engine, engine.vocabulary, self.layout, limits,
-                                 default_permutations=default_permutations,  # ADAPTER_PERMUTATIONS
-                                 default_debias=MODES[default_debias])  # ADAPTER_DEBIAS
         # What request validation refuses in text the model reads: the texts of the model's special tokens.
         self.control_tokens = literal_pattern(engine.vocabulary.control_texts)  # linear whatever their number
+        # The model kind, chosen once from the file: a decision GGUF is answered by its type's rules
+        # (decisions.letter), any other GGUF by this adapter's own readout. Every step that differs is bound here.
+        self.letter: LetterReadout | None = None
+        if decision is None:
+            self.layout: PromptLayout | None = layout or prompt_layout(engine, STYLES[DEFAULT_STYLE])
+            self.prompt_version = self.layout.version
+            self.preparer: Any = Preparer(engine, engine.vocabulary, self.layout, limits,
+                                          default_permutations=default_permutations,  # ADAPTER_PERMUTATIONS
+                                          default_debias=MODES[default_debias])  # ADAPTER_DEBIAS
+            self.kind_info: dict[str, Any] = {"kind": "chat", "rules": "decision-adapter (its own prompt and readout)"}
+            self._combine = self._own_combine
+            self._prompt_text = self._own_prompt_text
+            self.max_options = MAX_OPTIONS
+        else:
+            self.letter = LetterReadout(decision, engine, engine.vocabulary, limits, engine.vocabulary.control_texts)
+            self.layout = None
+            self.prompt_version = self.letter.version
+            self.preparer = self.letter.preparer
+            self.kind_info = self.letter.describe()
+            self._combine = self.letter.combine
+            self._prompt_text = self.letter.text
+            self.max_options = self.letter.max_options
         engine.keep_resident(self.preparer.head_tokens)
-        self.model_info = {**identity.as_dict(), **runtime, "prompt_version": self.prompt_version}
+        self.model_info = {**identity.as_dict(), **runtime, "prompt_version": self.prompt_version, **self.kind_info}
         self.text_bytes_per_token: float | None = None  # measured by the start-up probe
 
     @property
@@ -185,8 +203,21 @@ class DecisionModel:
         return self.preparer.trie(n_options, kind)
 
     def render(self, state: str, question: str, labels: Sequence[str], options: Sequence[str]) -> str:
-        """The whole prompt's text (its SHA-256 is the answer's ``prompt_sha256``)."""
+        """The whole prompt's text (its SHA-256 is the answer's ``prompt_sha256``); this adapter's own readout."""
+        if self.layout is None:
+            raise TypeError("a decision GGUF's prompts are its template's: see prompt_text")
         return self.layout.render(self.layout.user_payload(state, question, labels, options))
+
+    def prompt_text(self, prepared: Prepared, k: int) -> str:
+        """Prompt ``k`` of a prepared request, its whole text as it was hashed."""
+        return self._prompt_text(prepared, k)
+
+    def _own_combine(self, prepared: Prepared, read: Readouts) -> list[Scored]:
+        return combine(prepared, read, self.calibration, self.defaults)
+
+    def _own_prompt_text(self, prepared: Prepared, k: int) -> str:
+        q, order = prepared.questions[prepared.owners[k]], prepared.orders[k]
+        return self.render(q.state, q.question, self.labels(len(order), q.kind), [q.options[j] for j in order])
 
     def prepare(self, questions: Sequence[Question]) -> Prepared:
         """Render, tokenize, budget and plan the questions over their one state (``Preparer.prepare``)."""
@@ -197,7 +228,7 @@ class DecisionModel:
         """Score through the scheduler before ``deadline`` (``time.monotonic()``; None: none) and combine each
         question's answer (``readouts``, then ``combine``). Raises what ``readouts`` raises."""
         read = self.readouts(prepared, deadline, by_tokens=by_tokens, allowed_s=allowed_s)
-        results = combine(prepared, read, self.calibration, self.defaults)
+        results = self._combine(prepared, read)
         return Answered(results, read.stats, read.queue_s, read.prior_stats, read.jobs)
 
     def readouts(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True,
@@ -269,9 +300,7 @@ class DecisionModel:
 
     def _dry_prompt(self, prepared: Prepared, k: int) -> DryPrompt:
         """Prompt ``k`` rendered again from its question, ordering and labels (the text ``prepare`` hashed)."""
-        q, order = prepared.questions[prepared.owners[k]], prepared.orders[k]
-        text = self.render(q.state, q.question, self.labels(len(order), q.kind), [q.options[j] for j in order])
-        return DryPrompt(text, len(prepared.tokens[k]), order)
+        return DryPrompt(self.prompt_text(prepared, k), len(prepared.tokens[k]), prepared.orders[k])
 
 
 def too_large(loc: Loc, exc: TooLarge) -> InputError:

@@ -12,7 +12,7 @@ state, and for a label prior the question too, replaced by content-free text) in
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 from ..engine.errors import PlanError
@@ -51,6 +51,19 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class QuestionSource:
+    """A question as the request sent it, for rules that render the request's own JSON values (a decision GGUF's
+    template, ``decisions.letter``): its id, its System One type, its instructions, the state and each option's key
+    and description as sent (JSON values; a description left out is None). The decision schema sends a choice."""
+
+    id: str
+    type: str  # noul, choice or score
+    instructions: Any
+    state: Any
+    options: tuple[tuple[str, Any], ...]  # (key, description) in the request's order; noul: true, then false
+
+
+@dataclass(frozen=True)
 class Question:
     """One question as the model will read it; ``loc`` names it in error messages."""
 
@@ -66,6 +79,7 @@ class Question:
     kind: str | None = None  # noul, choice or score (System One); the calibration is per kind
     debias: str | None = None  # a name in debias.PRIORS (requests: MODES); None: the server's default (ADAPTER_DEBIAS)
     show_prior: bool = False  # the answer reports the prior's own distribution
+    source: QuestionSource | None = field(default=None, compare=False)  # as sent (decision GGUFs render it)
 
 
 @dataclass(frozen=True)

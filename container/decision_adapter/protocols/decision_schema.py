@@ -18,7 +18,7 @@ from pydantic import WithJsonSchema, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS
-from ..decisions.model import DryRun, Question, Scored
+from ..decisions.model import DryRun, Question, QuestionSource, Scored
 from ..decisions.prompt import state_text
 from ..errors import Failure, InputError, Loc
 from . import dry_run
@@ -158,7 +158,11 @@ def _parsed(d: Decision, loc: Loc) -> Parsed:
     return Parsed(d.id, tuple(o.id for o in d.options), Question(
         loc=loc, state=state_text(d.state), question=d.question, options=texts, option_locs=option_locs,
         state_loc=loc + ("state",), question_loc=loc + ("question",), option_keys=tuple(o.id for o in d.options),
-        permutations=d.permutations, debias=d.debias, show_prior=d.show_prior))
+        permutations=d.permutations, debias=d.debias, show_prior=d.show_prior,
+        # A decision is a choice among its options, as a decision GGUF's template is given it: the id as the
+        # question id, the option ids as keys, an empty description as none.
+        source=QuestionSource(d.id, "choice", d.question, d.state,
+                              tuple((o.id, o.description if o.description.strip() else None) for o in d.options))))
 
 
 def first_error(exc: ValidationError, root: type[BaseModel]) -> InputError:
@@ -250,6 +254,7 @@ def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict
         "label_mass": scored.label_mass,
         "top_token_is_label": scored.top_token_is_label,
         **({"calibration": scored.calibration} if scored.calibration is not None else {}),
+        **({"temperature": scored.temperature} if scored.temperature is not None else {}),
         **({"debias": {**scored.debias, **({"prior": list(scored.prior)} if decision.question.show_prior else {})}}
            if scored.debias is not None else {}),
         "model": model_info,
@@ -288,7 +293,18 @@ class ModelInfo(Response):
     layout: str | None = Field(None, description="How prompts are decoded into micro-batches (exact: the state and "
                                                  "each question from their own first tokens).")
     prompt_version: str | None = Field(None, description="A digest of the prompt's style, template and label sets: "
-                                                         "the version calibration.json is bound to.")
+                                                         "the version calibration.json is bound to (a decision GGUF: "
+                                                         "its type and a digest of its template and temperatures).")
+    kind: Literal["chat", "decision-gguf"] | None = Field(None, description="Which kind of model answered: a plain "
+                                                          "chat GGUF read by this adapter's own prompt and readout, or "
+                                                          "a decision GGUF read by its type's rules.")
+    rules: str | None = Field(None, description="Whose rules answered: this adapter's, or llama-server's for the "
+                                                "decision GGUF's type.")
+    decision_type: str | None = Field(None, description="A decision GGUF's <arch>.decision.type (lev, openjev).")
+    decision_temperatures: dict[str, float] | None = Field(None, description="A decision GGUF's temperatures by "
+                                                           "<question type>[.<bucket>], as used.")
+    labels: int | None = Field(None, description="A decision GGUF's single-token labels on this vocabulary: the "
+                                                 "most options it answers.")
 
 
 class Calibration(Response):
@@ -355,6 +371,8 @@ class DecisionResult(Response):
                                                               "the model folder holds one; option_logits stay raw.")
     debias: Debias | None = Field(None, description="The content-free calibration applied, when the decision is "
                                                     "debiased; option_logits stay the model's own.")
+    temperature: float | None = Field(None, description="A decision GGUF's temperature for this question (the file's "
+                                                        "<type>[.<bucket>]), applied in its type's softmax.")
 
 
 class TimedResult(DecisionResult):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from pydantic.json_schema import models_json_schema
@@ -50,6 +50,11 @@ class Ping(ds.Response):
     capacity: int | None = Field(None, description="Requests admitted at most (absent while draining).")
     cpu_variant: str | None = Field(None, description="Once loaded: llama.cpp's CPU kernels, as in a result's model.")
     cpu_features: list[str] | None = Field(None, description="Once loaded: their instruction sets.")
+    kind: Literal["chat", "decision-gguf"] | None = Field(None, description="Once loaded: which kind of model it is "
+                                                          "(a plain chat GGUF, or a decision GGUF).")
+    rules: str | None = Field(None, description="Once loaded: whose rules answer it (this adapter's, or llama-server's "
+                                                "for the decision GGUF's type).")
+    decision_type: str | None = Field(None, description="Once loaded: a decision GGUF's type (lev, openjev).")
 
 
 def _batch_line() -> dict[str, Any]:

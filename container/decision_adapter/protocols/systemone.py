@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from ..decisions.labels import MAX_OPTIONS, MAX_PERMUTATIONS, QUESTION_TYPES
-from ..decisions.model import DryRun, Question, Scored
+from ..decisions.model import DryRun, Question, QuestionSource, Scored
 from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, json_text, state_text
 from ..errors import Failure, InputError, Loc
 from . import dry_run
@@ -197,7 +197,7 @@ def parse_request(body: Any, context: RequestContext) -> tuple[list[Item], bool]
     """(items, dry run) of a System One body; a ValidationError (pydantic's) if it is invalid."""
     request = SystemOneRequest.model_validate(body, context=context)
     text = state_text(request.state)
-    return [_item(qid, q, text, request.x_permutations, request.x_debias, bool(request.x_show_prior))
+    return [_item(qid, q, text, request.x_permutations, request.x_debias, bool(request.x_show_prior), request.state)
             for qid, q in request.questions.items()], bool(request.x_dry_run)
 
 
@@ -217,7 +217,8 @@ def _structured(value: Any) -> str | None:
 
 
 def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str,
-          permutations: int | None = None, debias: str | None = None, show_prior: bool = False) -> Item:
+          permutations: int | None = None, debias: str | None = None, show_prior: bool = False,
+          raw_state: Any = None) -> Item:
     loc: Loc = ("body", "questions", qid)
     cloc = loc + ("criteria",)
     instructions = _structured(q.instructions)
@@ -228,22 +229,27 @@ def _item(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, state: str
         sides = list(zip((_structured(criteria.true), _structured(criteria.false)), NOUL_OPTIONS))
         texts = tuple(f"{word}: {description}" if description else word for description, word in sides)
         option_locs = (cloc + ("true",), cloc + ("false",))
+        sent: tuple[tuple[str, Any], ...] = (("true", criteria.true), ("false", criteria.false))
     elif isinstance(q, ChoiceQuestion):
         names = tuple(q.criteria)
         texts = tuple(f"{name}: {text}" if (text := _structured(d)) else name for name, d in q.criteria.items())
         option_locs = tuple(cloc + (name,) for name in names)
+        sent = tuple(q.criteria.items())
     else:
         names = tuple(str(i) for i in range(len(q.criteria)))
         texts = tuple(_structured(level) or "" for level in q.criteria)
         option_locs = tuple(cloc + (i,) for i in range(len(q.criteria)))
         legend = tuple(q.criteria)
+        sent = tuple(zip(names, q.criteria))
     # Order averaging orders choices by name and score levels by their text: the options as the client
     # means them, whatever order it sent them in.
     keys = texts if q.type == "score" else names
     return Item(qid, q.type, names, legend, Question(
         loc=loc, state=state, question=instructions if instructions is not None else DEFAULT_INSTRUCTIONS[q.type],
         options=texts, option_locs=option_locs, state_loc=("body", "state"), question_loc=loc + ("instructions",),
-        option_keys=keys, permutations=permutations, kind=q.type, debias=debias, show_prior=show_prior))
+        option_keys=keys, permutations=permutations, kind=q.type, debias=debias, show_prior=show_prior,
+        source=QuestionSource(qid, q.type, q.instructions if q.instructions is not None
+                              else DEFAULT_INSTRUCTIONS[q.type], state if raw_state is None else raw_state, sent)))
 
 
 def answer_request(body: Any, call: Call) -> Answer:
@@ -260,6 +266,7 @@ def answer_request(body: Any, call: Call) -> Answer:
         "model": call.model.served_id,
         "answers": {item.qid: answer(item, s) for item, s in zip(items, answered.results)},
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+        "x_model": model_kind(call.model.model_info),
         "x_evaluated_tokens": stats.shared_tokens + sum(stats.own_tokens) + answered.prior_tokens,
         "x_cached_tokens": stats.cached_tokens,
         "x_timing": {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
@@ -273,6 +280,11 @@ def answer_request(body: Any, call: Call) -> Answer:
         payload["x_prior_tokens"] = answered.prior_tokens
         log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
     return Answer(payload, log=log)
+
+
+def model_kind(info: dict[str, Any]) -> dict[str, Any]:
+    """Which kind of model answered and whose rules: ``x_model`` of every answer, and ``/v1/models``."""
+    return {key: info[key] for key in ("kind", "rules", "decision_type") if info.get(key) is not None}
 
 
 def dry_answer(items: list[Item], dry: DryRun, call: Call) -> Answer:
@@ -302,18 +314,23 @@ def render(failure: Failure) -> tuple[dict[str, Any], int]:
 
 
 def answer(item: Item, scored: Scored) -> dict[str, Any]:
+    """One question's answer. A decision GGUF's rules give their own figures (``Scored.answer``: lev's noul from
+    its ratings, the confidences as llama-server computes them); otherwise they come from the probabilities."""
     p = scored.probabilities
+    own = scored.answer or {}
     if item.type == "noul":
-        out: dict[str, Any] = {"type": "noul", "noul": p[0]}
+        out: dict[str, Any] = {"type": "noul", "noul": own.get("noul", p[0])}
     elif item.type == "choice":
         top = max(range(len(p)), key=p.__getitem__)
         out = {"type": "choice", "choice": item.names[top],
-               "probabilities": dict(zip(item.names, p)), "confidence": choice_confidence(p)}
+               "probabilities": dict(zip(item.names, p)), "confidence": own.get("confidence", choice_confidence(p))}
     else:
-        out = {"type": "score", "score": math.fsum(i * x for i, x in enumerate(p)),
+        out = {"type": "score", "score": own.get("score", math.fsum(i * x for i, x in enumerate(p))),
                "legend": dict(zip(item.names, item.legend)), "probabilities": dict(zip(item.names, p)),
-               "confidence": score_confidence(p)}
+               "confidence": own.get("confidence", score_confidence(p))}
     out["x_prompt_sha256"] = scored.prompt_sha256
+    if scored.temperature is not None:
+        out["x_temperature"] = scored.temperature
     out["x_label_mass"] = scored.label_mass
     if scored.calibration is not None:
         out["x_calibration"] = scored.calibration
@@ -409,6 +426,8 @@ class Extensions(Response):
     x_calibration: dict[str, Any] | None = Field(None, description="The temperature applied (calibration.json "
                                                                    "fitted for this GGUF and prompt), if any.")
     x_debias: DebiasApplied | None = Field(None, description="The content-free calibration applied, if any.")
+    x_temperature: float | None = Field(None, description="A decision GGUF's temperature for this question (the "
+                                                          "file's <type>[.<bucket>]).")
 
 
 class NoulAnswer(Extensions):
@@ -445,10 +464,20 @@ class SystemOneTiming(Response):
                                                   "they came from the cache).")
 
 
+class ModelKind(Response):
+    """Which kind of model answered, and whose rules."""
+
+    kind: Literal["chat", "decision-gguf"]
+    rules: str
+    decision_type: str | None = None
+
+
 class SystemOneResponse(Response):
     model: str
     answers: dict[str, Annotated[Union[NoulAnswer, ChoiceAnswer, ScoreAnswer], Field(discriminator="type")]]
     usage: Usage
+    x_model: ModelKind | None = Field(None, description="Which kind of model answered (a plain chat GGUF by this "
+                                                        "adapter's readout, or a decision GGUF by its type's rules).")
     x_evaluated_tokens: int
     x_timing: SystemOneTiming
     x_cached_tokens: int | None = Field(None, description="Prompt tokens an earlier request evaluated, taken "
@@ -488,6 +517,7 @@ class ServedModel(Response):
     name: str
     description: str
     release_date: str
+    x_model: ModelKind | None = None
 
 
 class ModelsResponse(Response):

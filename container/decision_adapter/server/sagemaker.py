@@ -46,8 +46,9 @@ def ping() -> Response:
         return json_response({"status": "draining", "detail": "the server is shutting down"}, 503)
     body = {"status": readiness.state, "detail": readiness.reason,
             "admitted": state.admission.admitted, "capacity": state.admission.capacity}
-    if readiness.model is not None:  # the CPU kernels the model runs on (engine/backends.py)
-        body.update({key: readiness.model.model_info[key] for key in KERNEL_KEYS if key in readiness.model.model_info})
+    if readiness.model is not None:  # the CPU kernels the model runs on (engine/backends.py), and its kind and rules
+        info = readiness.model.model_info
+        body.update({key: info[key] for key in (*KERNEL_KEYS, "kind", "rules", "decision_type") if key in info})
     return json_response(body, 200 if readiness.state == "ready" else 503)
 
 

@@ -53,10 +53,15 @@ def models_route() -> Response:
     model = state.readiness.model
     released = (model.identity.built_at or "")[:10] or time.strftime(
         "%Y-%m-%d", time.gmtime(_mtime(state.settings.model_dir, model.identity.file)))
-    described = f"{model.identity.file} ({model.model_info.get('architecture', 'gguf')}), served by llama.cpp"
+    kind = systemone.model_kind(model.model_info)
+    how = (f"a {kind['decision_type']} decision GGUF answered by its type's rules" if kind.get("decision_type")
+           else "a chat GGUF answered by this adapter's prompt and readout")
+    described = f"{model.identity.file} ({model.model_info.get('architecture', 'gguf')}: {how}), served by llama.cpp"
     return json_response({"models": [
-        {"name": model.served_id, "description": f"Decision model {described}.", "release_date": released},
-        {"name": systemone.ALIAS, "description": f"Alias of {model.served_id}.", "release_date": released}]},
+        {"name": model.served_id, "description": f"Decision model {described}.", "release_date": released,
+         "x_model": kind},
+        {"name": systemone.ALIAS, "description": f"Alias of {model.served_id}.", "release_date": released,
+         "x_model": kind}]},
         200, request_id_header())
 
 

@@ -1,0 +1,506 @@
+"""The letter readout of decision GGUFs (types ``lev`` and ``openjev``): a peer of this adapter's own readout.
+
+A decision GGUF is answered by its type's rules, as llama.cpp's server (b11361+) answers it, on the weights the
+bundled llama.cpp runs unchanged:
+
+- the prompt is the file's ``tokenizer.chat_template.systemone`` template, rendered in a sandboxed Jinja
+  environment with the request's own JSON values (``id``, ``type``, ``instructions``, ``state``, ``options`` of
+  ``{key, description, label?}``, ``images``), then tokenized whole with special tokens parsed and no BOS added
+  (the template writes what the model expects); user text cannot carry control tokens (the protocols refuse it);
+- the options are labelled with the type's label set (``LetterRules.labels``) and read as the logits of those
+  labels' single tokens at the last prompt position;
+- each variant is a softmax in float64 at the file's temperature for the question type and option-count bucket;
+  lev shows a choice twice (forward and reversed) and averages the two; lev reads ``noul`` from 9 rating labels
+  ``A..I`` as ``sum(p_i * i / 8)``, openjev shows ``noul`` true first;
+- the answers' confidences are TypeSafe's published formulas.
+
+No debiasing, calibration or order averaging: a request that asks for one is refused with a 4xx naming the field
+(the file's temperatures are its calibration). ``combine_question`` is pure; the arithmetic is in small functions
+(``variant_probabilities``, ``average_variants``, ``lev_noul``, ...) whose every sum runs in the order llama.cpp's
+runs it, so the same logits give the same bits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import string
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import jinja2
+import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..engine.errors import PlanError
+from ..engine.readout import LabelTrie, common_prefix
+from ..errors import InputError
+from .combine import Readouts, Scored
+from .debias import MODES, OFF
+from .decision_file import DecisionFile
+from .prepare import Limits, Prepared, Question, Tokenizer, _Budget
+from .prompt import ModelIncompatible, TemplateError
+
+LEV_RATINGS = 9  # lev reads noul from a rating scale: A = certainly no .. I = certainly yes
+OPENJEV_LABELS = tuple(string.ascii_uppercase + string.ascii_lowercase)
+LEV_CODES = tuple(string.ascii_uppercase) + tuple(a + b for a in string.ascii_uppercase for b in string.ascii_uppercase)
+MAX_LABELS = 255
+
+
+# ---- the type's rules: labels, variants, buckets, temperatures, answers (pure) ----------------------------------
+
+@dataclass(frozen=True)
+class LetterRules:
+    """One letter-readout type's rules over a vocabulary: its label texts (those it may use, in order) and the
+    file's temperatures."""
+
+    type: str
+    labels: tuple[str, ...]
+    temperatures: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def max_options(self) -> int:
+        return len(self.labels)
+
+    @property
+    def noul_true_first(self) -> bool:
+        return self.type == "openjev"
+
+    @property
+    def shows_labels(self) -> bool:
+        """lev's template is handed each option's label; openjev's template letters the options itself."""
+        return self.type == "lev"
+
+    def outputs(self, question_type: str, n_options: int) -> int:
+        """How many labels are read: lev's noul reads 9 ratings, every other question one label per option."""
+        return LEV_RATINGS if self.type == "lev" and question_type == "noul" else n_options
+
+    def variants(self, question_type: str, n_options: int) -> int:
+        """lev shows a choice in two orders (forward, then reversed) to cancel its preference for the first label."""
+        return 2 if self.type == "lev" and question_type == "choice" and n_options > 1 else 1
+
+    def bucket(self, n_options: int) -> str:
+        if self.type == "lev":
+            return "small" if n_options <= 8 else "mid" if n_options <= 26 else "large"
+        return "2" if n_options <= 2 else "3_5" if n_options <= 5 else "6_10" if n_options <= 10 else "11"
+
+    def temperature(self, question_type: str, n_options: int) -> float:
+        """The file's temperature for ``<type>.<bucket>``, else for ``<type>``, else 1."""
+        for name in (f"{question_type}.{self.bucket(n_options)}", question_type):
+            if name in self.temperatures:
+                return self.temperatures[name]
+        return 1.0
+
+    def describe(self) -> str:
+        order = ("each choice read forward and reversed, the two averaged; noul from 9 rating labels A..I as "
+                 "sum(p_i*i/8)" if self.type == "lev" else "noul shown true first")
+        return (f"decision GGUF rules ({self.type}): the file's systemone template, softmax in float64 at the file's "
+                f"temperature over the logits of the type's single-token labels at the last prompt position; "
+                f"{order}; no tokens generated")
+
+
+def rules_for(decision: DecisionFile, tokenizer: Tokenizer) -> LetterRules:
+    """The type's label set on this vocabulary, checked at load: openjev needs each of ``A-Z a-z`` to be one
+    token; lev takes ``A..Z`` then ``AA..ZZ``, those that are one token, at most 255."""
+    if decision.type == "openjev":
+        for label in OPENJEV_LABELS:
+            if len(tokenizer.tokenize(label)) != 1:
+                raise ModelIncompatible(f"decision label {label!r} is not a single token (openjev needs A-Z a-z)")
+        labels = OPENJEV_LABELS
+    else:
+        labels = tuple(code for code in LEV_CODES if len(tokenizer.tokenize(code)) == 1)[:MAX_LABELS]
+        if len(labels) < LEV_RATINGS:
+            raise ModelIncompatible(f"lev needs at least {LEV_RATINGS} single-token labels; this vocabulary has "
+                                    f"{len(labels)}")
+    return LetterRules(decision.type, labels, dict(decision.temperatures))
+
+
+def variant_probabilities(logits: Sequence[float], temperature: float) -> list[float]:
+    """One variant's softmax as llama.cpp computes it: the distance to the top logit in float32, the rest in
+    float64 at ``temperature``; returns each output's weight over the sum."""
+    s = np.asarray(logits, dtype=np.float32)
+    top = s.max()
+    weights = [float(np.exp(np.float64(x - top) / np.float64(temperature))) for x in s]
+    total = 0.0
+    for w in weights:
+        total += w
+    return [w / total for w in weights]
+
+
+def average_variants(variants: Sequence[Sequence[float]]) -> list[float]:
+    """The variants' distributions averaged, each in its variant's position order mapped back (the second
+    variant shows the outputs reversed), summed in variant order as llama.cpp sums them."""
+    n, count = len(variants[0]), len(variants)
+    out = [0.0] * n
+    for v, p in enumerate(variants):
+        for i in range(n):
+            out[i if v == 0 else n - 1 - i] += p[i] / count
+    return out
+
+
+def lev_noul(ratings: Sequence[float]) -> float:
+    """lev's noul: the expected rating over 0 (certainly no) .. n-1 (certainly yes), scaled to 0..1."""
+    expected, n = 0.0, len(ratings)
+    for i, p in enumerate(ratings):
+        expected += p * i / (n - 1)
+    return expected
+
+
+def choice_confidence(p: Sequence[float]) -> float:
+    """max(0, (p_max - 1/n) / (1 - 1/n))."""
+    if len(p) < 2:
+        return 1.0
+    uniform = 1.0 / len(p)
+    return max(0.0, (max(p) - uniform) / (1.0 - uniform))
+
+
+def expected_score(p: Sequence[float]) -> float:
+    expected = 0.0
+    for i, x in enumerate(p):
+        expected += i * x
+    return expected
+
+
+def score_confidence(p: Sequence[float]) -> float:
+    """max(0, 1 - mean distance to the modal level / that of a uniform distribution about the centre)."""
+    n = len(p)
+    if n < 2:
+        return 1.0
+    mode = max(range(n), key=p.__getitem__)
+    dist = spread = 0.0
+    for i in range(n):
+        dist += p[i] * abs(i - mode)
+        spread += abs(i - (n - 1) / 2.0) / n
+    return max(0.0, 1.0 - dist / spread)
+
+
+# ---- the file's template ----------------------------------------------------------------------------------------
+
+def llama_tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+                 separators: Sequence[str] | None = None, sort_keys: bool = False) -> str:
+    """``tojson`` as llama.cpp's Jinja runtime writes it (common/jinja, ``value_to_json``): keys in the value's own
+    order, non-ASCII text as is, the escapes of ``json.dumps(ensure_ascii=False)`` (``\\" \\\\ \\b \\f \\n \\r \\t``,
+    other control characters as ``\\u00xx``), items joined by ", " and keys by ": " (by "," with an indent), and
+    floats as C++ streams print a double (six significant digits: 0.1, 3.14159, 1e+20). Like llama.cpp, it refuses
+    ``ensure_ascii`` and ``sort_keys``, so a template that asks for them fails at load instead of answering
+    differently from llama-server."""
+    if ensure_ascii:
+        raise TemplateError("tojson ensure_ascii=true is not implemented by llama.cpp's renderer")
+    if sort_keys:
+        raise TemplateError("tojson sort_keys=true is not implemented by llama.cpp's renderer")
+    item_sep = separators[0] if separators else ("," if indent is not None and indent >= 0 else ", ")
+    key_sep = separators[1] if separators and len(separators) > 1 else ": "
+    out: list[str] = []
+    _to_json(value, 0, indent if isinstance(indent, int) and not isinstance(indent, bool) else None,
+             item_sep, key_sep, out)
+    return "".join(out)
+
+
+def _to_json(value: Any, level: int, indent: int | None, item_sep: str, key_sep: str, out: list[str]) -> None:
+    newline = "\n" if indent is not None and indent >= 0 else ""
+    pad = " " * (indent * level) if indent else ""
+    inner = " " * (indent * (level + 1)) if indent else ""
+    if value is None or isinstance(value, jinja2.Undefined):
+        out.append("null")
+    elif isinstance(value, bool):
+        out.append("true" if value else "false")
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append("%g" % value)
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        if value:
+            out.append(newline)
+            for i, item in enumerate(value):
+                out.append(inner)
+                _to_json(item, level + 1, indent, item_sep, key_sep, out)
+                out.append((item_sep if i < len(value) - 1 else "") + newline)
+            out.append(pad)
+        out.append("]")
+    elif isinstance(value, dict):
+        out.append("{")
+        if value:
+            out.append(newline)
+            for i, (key, item) in enumerate(value.items()):
+                out.append(inner + json.dumps(str(key), ensure_ascii=False) + key_sep)
+                _to_json(item, level + 1, indent, item_sep, key_sep, out)
+                out.append((item_sep if i < len(value) - 1 else "") + newline)
+            out.append(pad)
+        out.append("}")
+    else:
+        out.append("null")
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class SystemOneTemplate:
+    """The file's ``systemone`` template in a sandboxed Jinja environment (no attribute access to Python
+    internals, no mutation of the values it is given), with llama.cpp's ``tojson`` and ``raise_exception``."""
+
+    def __init__(self, source: str):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = llama_tojson
+        env.globals["raise_exception"] = _raise
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ModelIncompatible(f"the file's systemone template does not parse: {exc}") from None
+
+    def render(self, values: Mapping[str, Any]) -> str:
+        try:
+            return self._template.render(**values)
+        except (jinja2.TemplateError, TemplateError) as exc:
+            raise TemplateError(f"the file's systemone template failed: {exc}") from None
+
+
+def sort_keys(value: Any) -> Any:
+    """Every object's keys sorted (lev was trained on sorted keys), by code point: the byte order of UTF-8."""
+    if isinstance(value, dict):
+        return {key: sort_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sort_keys(item) for item in value]
+    return value
+
+
+# ---- preparing a request ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shown:
+    """One option as the template shows it: its index in the request, its key and its description as sent."""
+
+    index: int
+    key: str
+    description: Any
+
+
+def shown_options(rules: LetterRules, question: Question) -> list[Shown]:
+    """The options in the order the type shows them in its first variant: a noul question's false then true
+    (openjev: true first), every other in the request's order."""
+    source = question.source
+    assert source is not None
+    entries = [Shown(i, key, description) for i, (key, description) in enumerate(source.options)]
+    if source.type == "noul":
+        by_key = {e.key: e for e in entries}
+        entries = [by_key["true"], by_key["false"]] if rules.noul_true_first else [by_key["false"], by_key["true"]]
+    return entries
+
+
+def render_values(rules: LetterRules, question: Question, shown: Sequence[Shown]) -> dict[str, Any]:
+    """What the template is given for one variant: the request's JSON values, lev's keys sorted."""
+    source = question.source
+    assert source is not None
+    options = []
+    for position, entry in enumerate(shown):
+        option: dict[str, Any] = {"key": entry.key, "description": entry.description}
+        if rules.shows_labels:
+            option["label"] = rules.labels[position]
+        options.append(option)
+    values: dict[str, Any] = {"id": source.id, "type": source.type, "instructions": source.instructions,
+                              "state": source.state, "options": options}
+    if rules.type == "lev":
+        values = sort_keys(values)
+    values["images"] = []
+    return values
+
+
+class LetterPreparer:
+    """A request's questions rendered with the file's template, tokenized, budgeted and planned: a ``Prepared``
+    the scheduler runs like any other (``orders``: the options each variant shows, in label order)."""
+
+    def __init__(self, engine: Any, tokenizer: Tokenizer, rules: LetterRules, template: SystemOneTemplate,
+                 limits: Limits, control_texts: Sequence[str]):
+        self.engine = engine  # job_spec and plan (decisions.model.ScoringEngine)
+        self.tokenizer = tokenizer
+        self.rules = rules
+        self.template = template
+        self.limits = limits
+        self.default_permutations = 1
+        self.ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
+        self.label_tokens = {label: tokenizer.tokenize(label)[0] for label in rules.labels}
+        self._tries: dict[int, LabelTrie] = {}
+        self.head_tokens = self._head(control_texts)
+
+    def labels(self, n_outputs: int, kind: str | None = None) -> tuple[str, ...]:
+        return self.rules.labels[:n_outputs]
+
+    def trie(self, n_outputs: int, kind: str | None = None) -> LabelTrie:
+        if n_outputs not in self._tries:
+            self._tries[n_outputs] = LabelTrie.build((self.label_tokens[label],)
+                                                     for label in self.rules.labels[:n_outputs])
+        return self._tries[n_outputs]
+
+    def _head(self, control_texts: Sequence[str]) -> tuple[int, ...]:
+        """The tokens every prompt starts with whatever the request: the common prefix of two unlike renderings,
+        cut after its last control token (text after a special token tokenizes on its own, so no request can
+        merge into it); kept resident, decoded once at load."""
+        def sample(state: Any, instructions: str, keys: tuple[str, str]) -> list[int]:
+            from .prepare import QuestionSource
+
+            q = Question(("probe",), "", "", ("", ""), (), (), (), kind="choice",
+                         source=QuestionSource("q", "choice", instructions, state, ((keys[0], None), (keys[1], "x"))))
+            text = self.template.render(render_values(self.rules, q, shown_options(self.rules, q)))
+            return self.tokenizer.tokenize(text, special=True)
+
+        a = sample("Alpha state.", "First?", ("one", "two"))
+        b = sample({"z": [1, 2]}, "Zebra question!", ("xyz", "uvw"))
+        shared = a[:common_prefix([a, b])]
+        controls = {self.tokenizer.tokenize(text, special=True)[0] for text in control_texts
+                    if len(self.tokenizer.tokenize(text, special=True)) == 1}
+        last = max((i for i, token in enumerate(shared) if token in controls), default=-1)
+        return tuple(shared[:last + 1])
+
+    def prepare(self, questions: Sequence[Question]) -> Prepared:
+        """Render each question in each of its variants, tokenize, hold to the budgets and plan one job over all
+        the prompts (what they share is decoded once)."""
+        if len({q.state for q in questions}) != 1:
+            raise ValueError("the questions of one request share one state")
+        first = questions[0]
+        where = first.loc[:-1] if len(questions) > 1 else first.loc
+        tokens, tries, orders, owners, digests, variants = [], [], [], [], [], []
+        for i, q in enumerate(questions):
+            self._refuse_extensions(q)
+            if q.source is None:
+                raise ValueError("a decision GGUF renders the request's own values: Question.source is needed")
+            n = len(q.options)
+            if n > self.rules.max_options:
+                raise InputError(q.option_locs[-1] if q.option_locs else q.loc,
+                                 f"has {n} options; this decision model ({self.rules.type}) has "
+                                 f"{self.rules.max_options} single-token labels, so at most "
+                                 f"{self.rules.max_options} options", kind="value_error.too_many_options")
+            shown = shown_options(self.rules, q)
+            count = self.rules.variants(q.source.type, n)
+            digest = hashlib.sha256()
+            for v in range(count):
+                order = shown if v == 0 else shown[::-1]
+                text = self.template.render(render_values(self.rules, q, order))
+                self._bound(q, text)
+                prompt = tuple(self.tokenizer.tokenize(text, special=True))
+                if len(prompt) > self.ceiling:
+                    raise self._too_long(q, f"a prompt of {len(prompt)} tokens")
+                tokens.append(prompt)
+                tries.append(self.trie(self.rules.outputs(q.source.type, n)))
+                orders.append(tuple(e.index for e in order))
+                owners.append(i)
+                digest.update(b"\0" if v else b"")
+                digest.update(text.encode("utf-8"))
+            digests.append(digest.hexdigest())
+            variants.append(count)
+        spec = self.engine.job_spec(tokens, tries)
+        budget = _Budget(self.limits.max_request_tokens, where)
+        budget.add(spec.state_end - spec.head + sum(len(p) - spec.state_end for p in tokens))
+        try:
+            plan = self.engine.plan(spec)
+        except PlanError as exc:
+            raise InputError(where, str(exc), kind="value_error.request_too_large") from None
+        off = MODES[OFF]
+        return Prepared(tuple(questions), tuple(tokens), budget.tokens, (spec.head, spec.state_end), tuple(tries),
+                        tuple(orders), tuple(owners), tuple(digests), spec, plan, (off,) * len(questions),
+                        tuple(variants), (), frozenset(), where)
+
+    def _refuse_extensions(self, q: Question) -> None:
+        if q.debias not in (None, OFF):
+            raise InputError(q.loc, f"debias {q.debias!r} is not available for a decision GGUF: it is answered by "
+                             f"its type's rules ({self.rules.type}) with the file's temperatures",
+                             kind="value_error.not_supported")
+        if q.permutations not in (None, 1):
+            raise InputError(q.loc, f"permutations {q.permutations} is not available for a decision GGUF: its "
+                             f"type's rules fix the orders it is read in ({self.rules.type})",
+                             kind="value_error.not_supported")
+
+    def _bound(self, q: Question, text: str) -> None:
+        at_least = -(-len(text.encode("utf-8")) // self.tokenizer.max_piece_bytes)
+        if at_least > self.ceiling:
+            raise self._too_long(q, f"more than {self.ceiling} tokens (its text alone is at least {at_least})")
+
+    def _too_long(self, q: Question, what: str) -> InputError:
+        return InputError(q.loc, f"renders to {what}, over the limit of {self.ceiling}",
+                          kind="value_error.prompt_too_long")
+
+
+# ---- combining -----------------------------------------------------------------------------------------------------
+
+def combine_question(rules: LetterRules, prepared: Prepared, read: Readouts, i: int) -> Scored:
+    """Question ``i``'s answer by the type's rules: each variant's softmax at the file's temperature, the variants
+    averaged, then the answer's own figures (``Scored.answer``): noul, or the choice's or score's confidence."""
+    q = prepared.questions[i]
+    assert q.source is not None
+    kind, n = q.source.type, len(q.options)
+    mine = prepared.prompts_of(i)
+    temperature = rules.temperature(kind, n)
+    per_variant = [variant_probabilities(read.scores[k].first_token_logits, temperature) for k in mine]
+    shown = average_variants(per_variant)  # in the first variant's position order
+    first = prepared.orders[mine[0]]
+    logits = read.scores[mine[0]].first_token_logits
+    answer: dict[str, float]
+    if kind == "noul" and rules.type == "lev":
+        noul = lev_noul(shown)
+        probabilities: tuple[float, ...] = (noul, 1.0 - noul)  # the request's order: true, false
+        option_logits = tuple(logits)  # the 9 ratings' logits, A..I
+        answer = {"noul": noul}
+    else:
+        by_request = [0.0] * n
+        raw = [0.0] * n
+        for position, index in enumerate(first):
+            by_request[index] = shown[position]
+            raw[index] = logits[position]
+        probabilities, option_logits = tuple(by_request), tuple(raw)
+        if kind == "noul":
+            answer = {"noul": probabilities[0]}  # the request's first option is true
+        elif kind == "score":
+            answer = {"score": expected_score(shown), "confidence": score_confidence(shown)}
+        else:
+            answer = {"confidence": choice_confidence(shown)}
+    readout = rules.describe() + f"; temperature {temperature:g} ({kind}, {n} options: bucket {rules.bucket(n)})"
+    return Scored(
+        probabilities=probabilities,
+        option_logits=option_logits,
+        prompt_sha256=prepared.digests[i],
+        input_tokens=sum(len(prepared.tokens[k]) for k in mine),
+        readout=readout,
+        label_mass=sum(read.scores[k].label_mass for k in mine) / len(mine),
+        top_token_is_label=all(read.scores[k].top_token_is_label for k in mine),
+        answer=answer,
+        temperature=temperature)
+
+
+class LetterReadout:
+    """The model kind of a letter-readout decision GGUF: its rules, its template, and how it prepares and combines
+    a request (what ``DecisionModel`` delegates to)."""
+
+    kind = "decision-gguf"
+
+    def __init__(self, decision: DecisionFile, engine: Any, tokenizer: Tokenizer, limits: Limits,
+                 control_texts: Sequence[str]):
+        self.decision = decision
+        self.rules = rules_for(decision, tokenizer)
+        self.template = SystemOneTemplate(decision.template)
+        self.preparer = LetterPreparer(engine, tokenizer, self.rules, self.template, limits, control_texts)
+        self.version = f"{decision.type}-" + hashlib.sha256(
+            (decision.template + "\0" + json.dumps(dict(decision.temperatures), sort_keys=True)).encode()
+        ).hexdigest()[:12]
+
+    @property
+    def max_options(self) -> int:
+        return self.rules.max_options
+
+    def combine(self, prepared: Prepared, read: Readouts) -> list[Scored]:
+        return [combine_question(self.rules, prepared, read, i) for i in range(len(prepared.questions))]
+
+    def text(self, prepared: Prepared, k: int) -> str:
+        """Prompt ``k``'s whole text, rendered again (what ``prepare`` hashed)."""
+        q = prepared.questions[prepared.owners[k]]
+        by_index = {e.index: e for e in shown_options(self.rules, q)}
+        return self.template.render(render_values(self.rules, q, [by_index[j] for j in prepared.orders[k]]))
+
+    def describe(self) -> dict[str, Any]:
+        """What the model identity says of the rules: the kind, the type and its temperatures."""
+        return {"kind": self.kind, "decision_type": self.decision.type,
+                "rules": f"llama-server {self.decision.type} (letter readout)",
+                "decision_temperatures": dict(self.decision.temperatures),
+                "labels": len(self.rules.labels)}

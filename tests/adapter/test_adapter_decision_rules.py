@@ -1,0 +1,102 @@
+"""The letter-readout rules of decision GGUFs (decisions/letter.py), against values computed by hand; the file's
+metadata read (decisions/decision_file.py) on files derived here from the embedded model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from decision_adapter.decisions.decision_file import file_temperature, read_decision_file
+from decision_adapter.decisions.letter import (LetterRules, average_variants, choice_confidence, expected_score,
+                                               lev_noul, llama_tojson, score_confidence, sort_keys,
+                                               variant_probabilities)
+from decision_adapter.decisions.model_files import embedded_model_dir, find_gguf
+from decision_adapter.decisions.prompt import ModelIncompatible, TemplateError
+
+from decision_ggufs import TEMPERATURES, derive_head, derive_type
+
+LEV = LetterRules("lev", tuple("ABCDEFGHI"), {"choice.small": 0.5, "choice": 1.75, "noul": 0.8})
+OPENJEV = LetterRules("openjev", tuple("AB"), {"choice.3_5": 0.5, "choice": 2.0})
+
+
+def test_buckets_and_temperature_lookup():
+    assert [LEV.bucket(n) for n in (2, 8, 9, 26, 27)] == ["small", "small", "mid", "mid", "large"]
+    assert [OPENJEV.bucket(n) for n in (2, 3, 5, 6, 10, 11)] == ["2", "3_5", "3_5", "6_10", "6_10", "11"]
+    assert LEV.temperature("choice", 3) == 0.5  # type.bucket
+    assert LEV.temperature("choice", 9) == 1.75  # the type alone
+    assert LEV.temperature("score", 3) == 1.0  # none
+    assert OPENJEV.temperature("choice", 4) == 0.5 and OPENJEV.temperature("choice", 2) == 2.0
+
+
+def test_variants_outputs_and_noul_order():
+    assert LEV.variants("choice", 3) == 2 and LEV.variants("score", 3) == 1 and LEV.variants("noul", 2) == 1
+    assert OPENJEV.variants("choice", 3) == 1
+    assert LEV.outputs("noul", 2) == 9 and LEV.outputs("choice", 4) == 4 and OPENJEV.outputs("noul", 2) == 2
+    assert OPENJEV.noul_true_first and not LEV.noul_true_first
+
+
+def test_variant_softmax_at_a_temperature_by_hand():
+    # logits 2, 1, 0 at T = 0.5: exp(0), exp(-2), exp(-4) over their sum
+    weights = [1.0, math.exp(-2.0), math.exp(-4.0)]
+    assert variant_probabilities([2.0, 1.0, 0.0], 0.5) == pytest.approx([w / sum(weights) for w in weights], abs=1e-15)
+    # the distance to the top logit is taken in float32, as llama.cpp takes it
+    big = [16777217.0, 16777216.0]  # not representable apart in float32: one value
+    assert variant_probabilities(big, 1.0) == [0.5, 0.5]
+
+
+def test_forward_and_reversed_variants_are_averaged_by_option():
+    forward = [0.7, 0.2, 0.1]  # options a, b, c shown a, b, c
+    reversed_ = [0.5, 0.3, 0.2]  # shown c, b, a: c 0.5, b 0.3, a 0.2
+    assert average_variants([forward, reversed_]) == pytest.approx([0.45, 0.25, 0.3], abs=1e-15)
+    assert average_variants([forward]) == forward
+
+
+def test_answers_and_confidences_by_hand():
+    ratings = [0, 0, 0, 0, 0, 0, 0, 0.5, 0.5]  # ratings 7 and 8 of 0..8
+    assert lev_noul(ratings) == pytest.approx((7 * 0.5 + 8 * 0.5) / 8)
+    assert choice_confidence([0.5, 0.25, 0.25]) == pytest.approx((0.5 - 1 / 3) / (1 - 1 / 3))
+    assert choice_confidence([1 / 3] * 3) == pytest.approx(0.0, abs=1e-15)
+    assert expected_score([0.2, 0.3, 0.5]) == pytest.approx(1.3)
+    # mode 2; distance 0.2*2 + 0.3*1 = 0.7; uniform spread (1 + 0 + 1) / 3
+    assert score_confidence([0.2, 0.3, 0.5]) == pytest.approx(max(0.0, 1 - 0.7 / (2 / 3)))
+    assert score_confidence([0.0, 0.0, 1.0]) == 1.0
+
+
+def test_tojson_writes_what_llama_cpp_writes():
+    value = {"b": "é\n\"q\"\\\x01", "a": [1, 2.5, 0.1, 3.14159265, 1e20, 2.0, True, None]}
+    assert llama_tojson(value) == ('{"b": "é\\n\\"q\\"\\\\\\u0001", "a": [1, 2.5, 0.1, 3.14159, 1e+20, 2, true, '
+                                   'null]}')
+    assert llama_tojson({"k": [1, {}]}, indent=2) == '{\n  "k": [\n    1,\n    {}\n  ]\n}'
+    with pytest.raises(TemplateError):
+        llama_tojson({"a": 1}, sort_keys=True)
+    assert list(sort_keys({"b": {"z": 1, "a": 2}, "a": 0})) == ["a", "b"]
+    assert list(sort_keys({"b": {"z": 1, "a": 2}})["b"]) == ["a", "z"]
+
+
+def test_file_temperatures_are_read_as_llama_server_reads_them():
+    # std::to_string (six decimals), then strtof
+    assert file_temperature(np.float32(0.8123456)) == float(np.float32(0.812346))
+    assert file_temperature(0.5) == 0.5
+    assert file_temperature(np.float32(1e-7)) == 0.0  # refused at load as not positive
+
+
+@pytest.fixture(scope="session")
+def derived(tmp_path_factory):
+    source = find_gguf(embedded_model_dir())
+    root = tmp_path_factory.mktemp("decision-ggufs")
+    return {kind: derive_type(source, root / kind, kind) for kind in ("lev", "openjev")} | {
+        kind: derive_head(source, root / kind, kind) for kind in ("kev", "clef")}
+
+
+def test_decision_metadata_is_read_and_head_types_refused_naming_their_build(derived):
+    assert read_decision_file(find_gguf(embedded_model_dir())) is None
+    lev = read_decision_file(derived["lev"])
+    assert lev.type == "lev" and lev.architecture == "llama"
+    assert lev.temperatures == {k: file_temperature(np.float32(v)) for k, v in TEMPERATURES["lev"].items()}
+    assert "{{ o.label }}" in lev.template
+    with pytest.raises(ModelIncompatible, match=r"'kev'.*b11361"):
+        read_decision_file(derived["kev"])
+    with pytest.raises(ModelIncompatible, match=r"'clef'.*b11371"):
+        read_decision_file(derived["clef"])
