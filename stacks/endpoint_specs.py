@@ -368,7 +368,8 @@ class VariantSeries:
     pools each pool's own series too (dimension InstanceType), because a pooled variant may publish only those.
     ``expression`` reads whichever exist: for a sum (counts), the larger of the variant's and the pools' total
     (equal where both are published); for a maximum or an average, the largest of them all. Minutes without any
-    series read nothing (an alarm treats them as not breaching)."""
+    series read nothing (an alarm treats them as not breaching). It is one term (a name or a MAX), so it needs no
+    parentheses inside a larger expression."""
     prefix: str
     metrics: dict[str, cloudwatch.Metric]
     pooled: bool
@@ -430,7 +431,7 @@ def _alarms(endpoint_name: str, variant: Variant, utilization: tuple[str, str, f
         # variant's expression within CloudWatch's 10 metrics.
         errors_sum = errors.expression
         fault_rate = cloudwatch.MathExpression(
-            expression=f"IF(({errors_sum}) > FILL(busy, 0), 100 * (({errors_sum}) - FILL(busy, 0)) / "
+            expression=f"IF({errors_sum} > FILL(busy, 0), 100 * ({errors_sum} - FILL(busy, 0)) / "
                        f"MAX([FILL(requests, 0), {errors_sum}]), 0)",
             label="5xx but busy 503 per request (%)", period=one_minute,
             using_metrics={**errors.metrics, "busy": adapter(metric_logs.BUSY_RESPONSES),
@@ -440,7 +441,7 @@ def _alarms(endpoint_name: str, variant: Variant, utilization: tuple[str, str, f
         invocations = _variant_series("invocations", variant,
                                       lambda t: _invocations(endpoint_name, "Invocations", instance_type=t))
         fault_rate = cloudwatch.MathExpression(
-            expression=f"IF(({invocations.expression}) > 0, 100 * ({errors.expression}) / ({invocations.expression}), 0)",
+            expression=f"IF({invocations.expression} > 0, 100 * {errors.expression} / {invocations.expression}, 0)",
             label="5xx per invocation (%)", period=one_minute, using_metrics={**errors.metrics, **invocations.metrics})
         faults = "5xx"
     utilization_id, utilization_metric, utilization_threshold, utilization_ceiling, utilization_text = utilization
