@@ -9,10 +9,12 @@ still needs a real account"). Each line is one check:
    ``/aws/sagemaker/Endpoints/<endpoint>`` (the Requests metric's own filter pattern, metric_logs), and the metric
    filter's count of it in ``DecisionAdapter/<endpoint>``, with how long CloudWatch took to show it (the publishing
    delay the rollback windows assume, stacks/endpoint_specs.py);
-3. **metrics**: every alarm's metric and dimension set exists (ListMetrics): an alarm reading no data can never fire.
-   A GPU endpoint with instance pools publishes per-pool series (an InstanceType dimension); whether SageMaker also
-   publishes the variant-level series the alarms read is reported here;
-4. **storage**: the instances' DiskUtilization over the last hour, against the DiskUtilization alarm's threshold;
+3. **metrics**: every metric an alarm reads exists with one of the dimension sets the alarm names for it
+   (ListMetrics): an alarm reading no data can never fire. A GPU endpoint with instance pools may publish per-pool
+   series (an InstanceType dimension) instead of the variant's; its alarms read both (metric math), so either
+   proves the metric, and the line says which exist;
+4. **storage**: the instances' DiskUtilization over the last hour (every series the DiskUtilization alarm reads),
+   against that alarm's threshold;
 5. **alarm delivery**: each alarm set to ALARM (``set-alarm-state``) and back to OK, and CloudWatch's own record of
    the notification (its alarm history's Action item: "Successfully executed action arn:aws:sns:..."): the topic's
    policy and key let CloudWatch publish. It notifies the topic's subscribers twice per alarm; the topic's
@@ -49,7 +51,6 @@ from endpoint_client.preflight import deployed_kinds
 from stacks.adapter_logs import metric_logs
 from stacks.config import ADAPTER_KINDS, EnvironmentConfig
 
-VARIANT_NAME = "AllTraffic"
 CHAT_BODY = {"messages": [{"role": "user", "content": "Answer with one word: ready?"}], "max_tokens": 8}
 # What moto cannot show, per check: the reason an emulator run reports instead of a verdict.
 ON_MOTO = {
@@ -181,18 +182,23 @@ class Acceptance:
             return [Result("failed", "metrics", self.config.endpoint_name(kind), "the endpoint has no alarms")]
         results = []
         for alarm in alarms:
-            for namespace, metric, dimensions in _metrics_of(alarm):
+            for (namespace, metric), alternatives in _alternatives(_metrics_of(alarm)).items():
+                # ListMetrics answers every series with at least these dimensions: the fewest the alarm names.
+                fewest = min(alternatives, key=len)
                 found = cloudwatch.list_metrics(Namespace=namespace, MetricName=metric,
-                                                Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()])
+                                                Dimensions=[{"Name": k, "Value": v} for k, v in fewest.items()])
                 series = [{d["Name"]: d["Value"] for d in m.get("Dimensions", [])} for m in found.get("Metrics", [])]
                 subject = f"{alarm['AlarmName']} {namespace} {metric}"
-                if dimensions in series:
-                    results.append(Result("proved", "metrics", subject, "the series the alarm reads exists"))
+                read = [dimensions for dimensions in alternatives if dimensions in series]
+                if read:
+                    results.append(Result("proved", "metrics", subject, "the series the alarm reads exists" if
+                                          len(alternatives) == 1 else f"{len(read)} of the {len(alternatives)} "
+                                          f"series the alarm reads exist ({'; '.join(map(_dimensions_text, read))})"))
                 elif series:
-                    extra = sorted({k for s in series for k in s} - set(dimensions))
-                    results.append(Result("failed", "metrics", subject, f"only series with more dimensions "
-                                          f"({', '.join(extra)}) exist: the alarm, which names exactly "
-                                          f"{', '.join(dimensions) or 'none'}, reads no data"))
+                    extra = sorted({k for s in series for k in s} - {k for a in alternatives for k in a})
+                    results.append(Result("failed", "metrics", subject, f"only series with other dimensions "
+                                          f"({', '.join(extra) or 'other values'}) exist: the alarm, which names "
+                                          f"{' or '.join(_dimensions_text(a) for a in alternatives)}, reads no data"))
                 else:
                     results.append(self.missing("metrics", subject, "no data: the alarm reads nothing (run again "
                                                 "once the endpoint has served for a few minutes)"))
@@ -204,11 +210,13 @@ class Acceptance:
         if disk is None:
             return Result("failed", "storage", name, "no DiskUtilization alarm")
         now = datetime.now(timezone.utc)
-        datapoints = self.aws.client("cloudwatch").get_metric_statistics(
-            Namespace="/aws/sagemaker/Endpoints", MetricName="DiskUtilization", Statistics=["Maximum"], Period=300,
-            StartTime=now - timedelta(hours=1), EndTime=now,
-            Dimensions=[{"Name": "EndpointName", "Value": name}, {"Name": "VariantName", "Value": VARIANT_NAME}],
-        ).get("Datapoints", [])
+        cloudwatch = self.aws.client("cloudwatch")
+        # The variant's series, or a pooled variant's per-instance-type ones: whichever the alarm reads and exist.
+        datapoints = [point for namespace, metric, dimensions in _metrics_of(disk)
+                      for point in cloudwatch.get_metric_statistics(
+                          Namespace=namespace, MetricName=metric, Statistics=["Maximum"], Period=300,
+                          StartTime=now - timedelta(hours=1), EndTime=now,
+                          Dimensions=[{"Name": k, "Value": v} for k, v in dimensions.items()]).get("Datapoints", [])]
         if not datapoints:
             return self.missing("storage", name, "no DiskUtilization in the last hour")
         used = max(d["Maximum"] for d in datapoints)
@@ -345,6 +353,19 @@ def _metrics_of(alarm: dict[str, Any]) -> list[tuple[str, str, dict[str, str]]]:
     return [(q["MetricStat"]["Metric"]["Namespace"], q["MetricStat"]["Metric"]["MetricName"],
              {d["Name"]: d["Value"] for d in q["MetricStat"]["Metric"].get("Dimensions", [])})
             for q in alarm.get("Metrics", []) if "MetricStat" in q]
+
+
+def _alternatives(metrics: list[tuple[str, str, dict[str, str]]]) -> dict[tuple[str, str], list[dict[str, str]]]:
+    """{(namespace, metric): the dimension sets an alarm reads it with}: a pooled variant's alarm reads the variant's
+    series and every pool's (endpoint_specs.VariantSeries), any of which gives it data."""
+    grouped: dict[tuple[str, str], list[dict[str, str]]] = {}
+    for namespace, metric, dimensions in metrics:
+        grouped.setdefault((namespace, metric), []).append(dimensions)
+    return grouped
+
+
+def _dimensions_text(dimensions: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(dimensions.items())) or "no dimensions"
 
 
 _VARIANT_INPUT_KEYS = ("VariantName", "InitialInstanceCount", "InstanceType", "InitialVariantWeight",

@@ -288,7 +288,7 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
     slow_release = max(sizing.slow_release_ms_per_token(t, gguf_bytes) for t in variant.instance_types) \
         if adapter else None
     deployment = _check_canary(config, kind, settings, _deployment(settings, variant, scarce_capacity))
-    alarms = _alarms(endpoint_name, utilization, adapter_namespace=namespace if adapter else None,
+    alarms = _alarms(endpoint_name, variant, utilization, adapter_namespace=namespace if adapter else None,
                      slow_release_ms_per_token=slow_release)
     _check_rollback_windows(config, kind, alarms, deployment)
     return EndpointSpec(
@@ -346,16 +346,61 @@ def _adapter_log_metrics() -> tuple[LogMetric, ...]:
 
 
 def _invocations(endpoint_name: str, metric_name: str, statistic: str = "Sum",
-                 period: Duration = Duration.minutes(1)) -> cloudwatch.Metric:
+                 period: Duration = Duration.minutes(1), instance_type: str | None = None) -> cloudwatch.Metric:
     return cloudwatch.Metric(namespace=INVOCATIONS_NAMESPACE, metric_name=metric_name, statistic=statistic,
-                             period=period, dimensions_map={"EndpointName": endpoint_name,
-                                                            "VariantName": VARIANT_NAME})
+                             period=period, dimensions_map=_dimensions(endpoint_name, instance_type))
 
 
-def _instances(endpoint_name: str, metric_name: str, statistic: str, period: Duration) -> cloudwatch.Metric:
+def _instances(endpoint_name: str, metric_name: str, statistic: str, period: Duration,
+               instance_type: str | None = None) -> cloudwatch.Metric:
     return cloudwatch.Metric(namespace=INSTANCE_NAMESPACE, metric_name=metric_name, statistic=statistic,
-                             period=period, dimensions_map={"EndpointName": endpoint_name,
-                                                            "VariantName": VARIANT_NAME})
+                             period=period, dimensions_map=_dimensions(endpoint_name, instance_type))
+
+
+def _dimensions(endpoint_name: str, instance_type: str | None) -> dict[str, str]:
+    dimensions = {"EndpointName": endpoint_name, "VariantName": VARIANT_NAME}
+    return dimensions if instance_type is None else {**dimensions, "InstanceType": instance_type}
+
+
+@dataclass(frozen=True)
+class VariantSeries:
+    """A SageMaker metric of the variant as metric math: the variant's series, and for a variant with instance
+    pools each pool's own series too (dimension InstanceType), because a pooled variant may publish only those.
+    ``expression`` reads whichever exist: for a sum (counts), the larger of the variant's and the pools' total
+    (equal where both are published); for a maximum or an average, the largest of them all. Minutes without any
+    series read nothing (an alarm treats them as not breaching). It is one term (a name or a MAX), so it needs no
+    parentheses inside a larger expression."""
+    prefix: str
+    metrics: dict[str, cloudwatch.Metric]
+    pooled: bool
+    statistic: str
+
+    @property
+    def expression(self) -> str:
+        if not self.pooled:
+            return self.prefix
+        pools = [name for name in self.metrics if name != self.prefix]
+        if self.statistic == "Sum":
+            return f"MAX([FILL({self.prefix}, 0), {' + '.join(f'FILL({p}, 0)' for p in pools)}])"
+        return f"MAX([{', '.join(self.metrics)}])"
+
+
+def _variant_series(prefix: str, variant: Variant, make) -> VariantSeries:
+    """``make(instance_type)`` builds the metric of one dimension set (None: the variant's)."""
+    metrics = {prefix: make(None)}
+    if variant.instance_pools:
+        metrics.update({f"{prefix}{i}": make(t) for i, t in enumerate(variant.instance_pools)})
+    return VariantSeries(prefix, metrics, bool(variant.instance_pools), metrics[prefix].statistic)
+
+
+def _instance_metric(endpoint_name: str, variant: Variant, metric_name: str, statistic: str,
+                     period: Duration) -> cloudwatch.IMetric:
+    """An instance metric of the variant: the metric itself, or metric math over the pools' series too."""
+    series = _variant_series("m", variant, lambda t: _instances(endpoint_name, metric_name, statistic, period, t))
+    if not series.pooled:
+        return series.metrics["m"]
+    return cloudwatch.MathExpression(expression=series.expression, using_metrics=series.metrics, period=period,
+                                     label=f"{metric_name} ({statistic}), the variant's or its pools' series")
 
 
 def invocations_metric(endpoint_name: str) -> cloudwatch.Metric:
@@ -367,28 +412,37 @@ def latency_metric(endpoint_name: str) -> cloudwatch.Metric:
     return _invocations(endpoint_name, "ModelLatency", statistic="p99")
 
 
-def _alarms(endpoint_name: str, utilization: tuple[str, str, float, float, str], *, adapter_namespace: str | None,
-            slow_release_ms_per_token: int | None) -> tuple[AlarmSpec, ...]:
+def _alarms(endpoint_name: str, variant: Variant, utilization: tuple[str, str, float, float, str], *,
+            adapter_namespace: str | None, slow_release_ms_per_token: int | None) -> tuple[AlarmSpec, ...]:
     one_minute, five_minutes = Duration.minutes(1), Duration.minutes(5)
 
     def adapter(metric: metric_logs.LogMetric) -> cloudwatch.Metric:
         return cloudwatch.Metric(namespace=adapter_namespace, metric_name=metric.metric_name, statistic="Sum",
                                  period=one_minute)
 
-    errors = {"errors": _invocations(endpoint_name, "Invocation5XXErrors"),
-              "invocations": _invocations(endpoint_name, "Invocations")}
+    errors = _variant_series("errors", variant,
+                             lambda t: _invocations(endpoint_name, "Invocation5XXErrors", instance_type=t))
     if adapter_namespace is not None:
-        # SageMaker counts every 5xx the container answers, the adapter's busy 503s included; those mean load.
-        # The log metric counts the busy answers (no data in a minute without log lines: FILL with 0).
+        # SageMaker counts every 5xx the container answers, the adapter's busy 503s included: its admission
+        # refusals mean load and are subtracted (the BusyResponses log metric; no data in a minute without log
+        # lines: FILL with 0), its deadline misses are faults of the release and stay counted (metric_logs). The
+        # requests the adapter logged are the denominator, or the 5xx where more (SageMaker answers 5xx the
+        # container never saw): one series instead of the invocations of every dimension set keeps a pooled
+        # variant's expression within CloudWatch's 10 metrics.
+        errors_sum = errors.expression
         fault_rate = cloudwatch.MathExpression(
-            expression="IF(invocations > 0 AND errors > FILL(busy, 0), 100 * (errors - FILL(busy, 0)) / invocations, 0)",
-            label="5xx but busy 503 per invocation (%)", period=one_minute,
-            using_metrics={**errors, "busy": adapter(metric_logs.BUSY_RESPONSES)})
-        faults = "5xx other than the adapter's busy 503"
+            expression=f"IF({errors_sum} > FILL(busy, 0), 100 * ({errors_sum} - FILL(busy, 0)) / "
+                       f"MAX([FILL(requests, 0), {errors_sum}]), 0)",
+            label="5xx but busy 503 per request (%)", period=one_minute,
+            using_metrics={**errors.metrics, "busy": adapter(metric_logs.BUSY_RESPONSES),
+                           "requests": adapter(metric_logs.REQUESTS)})
+        faults = "5xx other than the adapter's admission refusals (busy 503)"
     else:
+        invocations = _variant_series("invocations", variant,
+                                      lambda t: _invocations(endpoint_name, "Invocations", instance_type=t))
         fault_rate = cloudwatch.MathExpression(
-            expression="IF(invocations > 0, 100 * errors / invocations, 0)", label="5xx per invocation (%)",
-            period=one_minute, using_metrics=errors)
+            expression=f"IF({invocations.expression} > 0, 100 * {errors.expression} / {invocations.expression}, 0)",
+            label="5xx per invocation (%)", period=one_minute, using_metrics={**errors.metrics, **invocations.metrics})
         faults = "5xx"
     utilization_id, utilization_metric, utilization_threshold, utilization_ceiling, utilization_text = utilization
     alarms = [
@@ -398,41 +452,45 @@ def _alarms(endpoint_name: str, utilization: tuple[str, str, float, float, str],
     ]
     if adapter_namespace is not None:
         busy_rate = cloudwatch.MathExpression(
-            expression="IF(requests > 0, 100 * busy / requests, 0)", label="busy 503 per request (%)",
+            expression="IF(requests > 0, 100 * FILL(busy, 0) / requests, 0)", label="busy 503 per request (%)",
             period=one_minute, using_metrics={"busy": adapter(metric_logs.BUSY_RESPONSES),
                                               "requests": adapter(metric_logs.REQUESTS)})
-        # Successful requests' own compute per evaluated token (milliseconds), summed per minute: what the release
-        # computes at, whatever the load (metric_logs); minutes without such requests read 0.
+        # Requests with a scoring failure per request: one bad request fails one minute, never three in a row.
+        failure_rate = cloudwatch.MathExpression(
+            expression="IF(FILL(failed, 0) > 0 AND requests > 0, 100 * FILL(failed, 0) / requests, 0)",
+            label="requests with a scoring failure per request (%)", period=one_minute,
+            using_metrics={"failed": adapter(metric_logs.FAILED_REQUESTS), "requests": adapter(metric_logs.REQUESTS)})
+        # Every job's own compute per evaluated token (milliseconds), summed per minute, deadline misses included:
+        # what the release computes at, whatever the load (metric_logs); minutes without such jobs read 0.
         compute = cloudwatch.MathExpression(
-            expression="IF(FILL(tokens, 0) > 0, 1000 * (FILL(prefill, 0) + FILL(readout, 0)) / tokens, 0)",
+            expression="IF(FILL(tokens, 0) > 0, 1000 * FILL(compute, 0) / tokens, 0)",
             label="compute per evaluated token (ms)", period=one_minute,
-            using_metrics={"prefill": adapter(metric_logs.PREFILL_SECONDS),
-                           "readout": adapter(metric_logs.READOUT_SECONDS),
+            using_metrics={"compute": adapter(metric_logs.COMPUTE_SECONDS),
                            "tokens": adapter(metric_logs.EVALUATED_TOKENS)})
         alarms += [
             # Load, not a fault of a new version: it alerts, it never rolls an update back.
-            AlarmSpec("BusyRate", f"{endpoint_name}: the adapter answered more than {BUSY_RATE_PERCENT} % of requests "
-                      "with its busy 503 for 5 minutes (scaling does not keep up)", busy_rate,
+            AlarmSpec("BusyRate", f"{endpoint_name}: the adapter refused more than {BUSY_RATE_PERCENT} % of requests "
+                      "at admission (busy 503) for 5 minutes (scaling does not keep up)", busy_rate,
                       BUSY_RATE_PERCENT, 5, 5, rolls_back=False, ceiling=100),
-            AlarmSpec("ScoringFailures", f"{endpoint_name}: the adapter logged 'scoring failed' (a 500)",
-                      adapter(metric_logs.SCORING_FAILURES), 1, 1, 1, rolls_back=True, ceiling=None,
-                      comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD),
-            AlarmSpec("SlowCompute", f"{endpoint_name}: successful requests computed more than "
-                      f"{slow_release_ms_per_token} ms per evaluated token in 3 consecutive minutes (4x the measured "
-                      "speed of the slowest instance type, stacks/sizing.py): a slow release", compute,
+            AlarmSpec("ScoringFailures", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of requests had a "
+                      "'scoring failed' (a 500) in 3 consecutive minutes", failure_rate, ERROR_RATE_PERCENT, 3, 3,
+                      rolls_back=True, ceiling=100),
+            AlarmSpec("SlowCompute", f"{endpoint_name}: jobs computed more than {slow_release_ms_per_token} ms per "
+                      f"evaluated token in 3 consecutive minutes ({sizing.SLOW_RELEASE_FACTOR:g}x the speed derived "
+                      "for the slowest instance type, stacks/sizing.py): a slow release", compute,
                       slow_release_ms_per_token, 3, 3, rolls_back=True, ceiling=None),
         ]
     alarms += [
         # Load, not a fault of a new version: it alerts, it does not roll an update back.
         AlarmSpec(utilization_id, f"{endpoint_name}: {utilization_text}",
-                  _instances(endpoint_name, utilization_metric, "Average", five_minutes), utilization_threshold, 3, 3,
-                  rolls_back=False, ceiling=utilization_ceiling),
+                  _instance_metric(endpoint_name, variant, utilization_metric, "Average", five_minutes),
+                  utilization_threshold, 3, 3, rolls_back=False, ceiling=utilization_ceiling),
         # One-minute periods: the rollback copies of the instance metrics must decide within the bake.
         AlarmSpec("MemoryUtilization", f"{endpoint_name}: an instance's memory more than {MEMORY_PERCENT} % used for "
-                  "3 minutes", _instances(endpoint_name, "MemoryUtilization", "Maximum", one_minute), MEMORY_PERCENT,
-                  3, 3, rolls_back=True, ceiling=100),
+                  "3 minutes", _instance_metric(endpoint_name, variant, "MemoryUtilization", "Maximum", one_minute),
+                  MEMORY_PERCENT, 3, 3, rolls_back=True, ceiling=100),
         AlarmSpec("DiskUtilization", f"{endpoint_name}: an instance's disk is more than {DISK_PERCENT} % full",
-                  _instances(endpoint_name, "DiskUtilization", "Maximum", one_minute), DISK_PERCENT, 1, 1,
-                  rolls_back=True, ceiling=100),
+                  _instance_metric(endpoint_name, variant, "DiskUtilization", "Maximum", one_minute), DISK_PERCENT,
+                  1, 1, rolls_back=True, ceiling=100),
     ]
     return tuple(alarms)

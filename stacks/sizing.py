@@ -18,15 +18,19 @@ replaced by a measurement of the deployed endpoint (``python -m benchmarks --end
 
     work factor       k = (pinned GGUF bytes / 491 MB) x (2 / instance physical cores)
     target            = floor(60 s x measured decisions/s / k x 0.7)                  invocations per instance-minute
-    slow release      = ceil(1000 ms / 67 tokens/s x k x 4)                           ms per evaluated token
+    slow release      = ceil(1000 ms / 67 tokens/s x k x 1.5)                         ms per evaluated token
 
 0.7 is the headroom: scaling holds each instance at 70 % of what it can serve, so a burst finds 30 % spare while
-new instances start. The slow-release threshold is 4 times the measured compute per token: load on the same
-instance slowed llama.cpp's own compute by at most 2.28x (docs/adapter.md, "CPU kernels and threads": 6 MiB bodies
-parsed beside it), so only a release that computes at a quarter of the measured speed or slower crosses it. It must
-stay reachable: a request of the fewest tokens the metric counts (metric_logs.MIN_TIMED_TOKENS) computed at the
-threshold still finishes before the adapter's deadline (tests/cdk check it), else such a release would answer
-busy 503s instead of slow successes.
+new instances start. The slow-release threshold is 1.5 times the derived compute per token, so that a release that
+computes at half that speed (2x per token) rolls back (tests/cdk/test_cdk_rollback_alarms.py derives it from the
+alarms as synthesized) while load does not: the engine runs one job at a time, so queueing adds nothing to a job's
+own compute, and at 16 concurrent clients the same work took 1.00x the wall time of one client (docs/benchmarks.md,
+"Concurrency"). What stays above it: the server's own threads parsing 6 MiB bodies slowed llama.cpp by up to 2.28x
+on 2 cores (docs/adapter.md, "CPU kernels and threads"), so a sustained flood of the largest bodies during a bake
+can roll a healthy release back on a 2-core instance; and the threshold is only as good as the derived speed
+(the two assumptions above) until the deployed endpoint is measured. It must stay reachable: a request of the
+fewest tokens the metric counts (metric_logs.MIN_TIMED_TOKENS) computed at the threshold still finishes before the
+adapter's deadline (tests/cdk check it); a job that runs into its deadline is measured too (metric_logs).
 
 GPU instances: nothing has been measured on a GPU yet (docs/benchmarks.md, "GPU, and endpoints on SageMaker"). The
 GPU pools get the bound the measurements do give: the CPU path on the instance's own cores. A GPU instance that
@@ -58,7 +62,7 @@ HEADROOM = 0.7
 BENCH_MODEL_BYTES = 491_000_000     # Qwen2.5-Coder-0.5B-Instruct Q4_K_M, "491 MB"
 BENCH_THREADS = 2                   # llama.cpp threads, one per core of the 2-core machine
 PREFILL_TOKENS_PER_S = 67           # "About 67 tokens/s of prefill here"
-SLOW_RELEASE_FACTOR = 4             # above the worst slowdown load caused (2.28x)
+SLOW_RELEASE_FACTOR = 1.5           # below a release 2x slower per token, above load at concurrency (1.00x)
 MODEL_SHARE_OF_VOLUME = 0.5         # the archive and the extracted GGUF fill at most this much of the volume
 MAX_VOLUME_GIB = 512                # ProductionVariant.VolumeSizeInGB: 1..512
 
@@ -107,9 +111,19 @@ def work_factor(instance_type: str, gguf_bytes: int) -> float:
     return (gguf_bytes / BENCH_MODEL_BYTES) * (BENCH_THREADS / instance_types.physical_cores(instance_type))
 
 
+def ms_per_token(instance_type: str, gguf_bytes: int) -> float:
+    """The compute time per evaluated token derived for a healthy release (milliseconds)."""
+    return 1000 / PREFILL_TOKENS_PER_S * work_factor(instance_type, gguf_bytes)
+
+
+def tokens_per_decision() -> float:
+    """The tokens a measured decision evaluated: the measured prefill speed over decisions per second."""
+    return PREFILL_TOKENS_PER_S / DECISION.per_second
+
+
 def slow_release_ms_per_token(instance_type: str, gguf_bytes: int) -> int:
     """The compute time per evaluated token above which a release is too slow (milliseconds, whole)."""
-    return math.ceil(1000 / PREFILL_TOKENS_PER_S * work_factor(instance_type, gguf_bytes) * SLOW_RELEASE_FACTOR)
+    return math.ceil(ms_per_token(instance_type, gguf_bytes) * SLOW_RELEASE_FACTOR)
 
 
 def storage_gib(gguf_bytes: int) -> int:

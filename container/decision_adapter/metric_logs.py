@@ -83,26 +83,46 @@ REQUEST = LogLine(logger="decision_adapter.requests", level=logging.INFO, messag
 # request logger: these names are a contract with the stacks, not the module layout.
 SCORING_FAILED = LogLine(logger="decision_adapter.requests", level=logging.ERROR, message="scoring failed")
 
-# The adapter's busy answer: a full queue, a passed deadline or a server draining (errors.busy). It means load,
-# not a fault: scaling reacts to it, an update never rolls back on it.
+# Counts every request line carries (0 when none; a batch's records add up, server/inflight.add_log_fields): of
+# the request's objects (its body, or each record of a batch), those that ran into their deadline and those whose
+# scoring failed in the engine. Always present, so that a filter can test them for 0.
+DEADLINE_MISSES_FIELD = "deadline_misses"
+SCORING_FAILURES_FIELD = "scoring_failures"
+COUNT_FIELDS = (DEADLINE_MISSES_FIELD, SCORING_FAILURES_FIELD)
+
+# The adapter answers 503 for two reasons, which the metrics keep apart. An admission refusal (a full queue, work
+# that cannot be done before the deadline at the measured speed, a server not ready or draining: errors.busy
+# without a deadline miss) is load: scaling reacts to it, an update never rolls back on it. A deadline miss (a job
+# admitted at the measured speed that still ran into its deadline) is a fault of the release: the fault-rate
+# alarm counts it (it is not subtracted as busy).
 BUSY_STATUS = 503
 
 REQUESTS = LogMetric("Requests", REQUEST)
-BUSY_RESPONSES = LogMetric("BusyResponses", REQUEST, (FieldTest("status", "=", BUSY_STATUS),))
+BUSY_RESPONSES = LogMetric("BusyResponses", REQUEST, (FieldTest("status", "=", BUSY_STATUS),
+                                                      FieldTest(DEADLINE_MISSES_FIELD, "=", 0)))
+DEADLINE_MISSES = LogMetric("DeadlineMisses", REQUEST, (FieldTest(DEADLINE_MISSES_FIELD, ">=", 1),),
+                            value_field=DEADLINE_MISSES_FIELD)
 SCORING_FAILURES = LogMetric("ScoringFailures", SCORING_FAILED)
+# Requests with at least one scoring failure, one per request however many of a batch's records failed: the
+# rollback alarm's rate counts these, so that one bad request (or one bad batch) weighs one.
+FAILED_REQUESTS = LogMetric("FailedRequests", REQUEST, (FieldTest(SCORING_FAILURES_FIELD, ">=", 1),))
 
-# A successful request's own compute: the seconds its scoring steps ran in the engine (``prefill_s``, ``readout_s``;
-# its wait in the queue is ``queue_s``, apart) and the tokens they evaluated (``evaluated_tokens``: not those taken
-# from the state cache or the resident head). The engine runs one job at a time, so their ratio, the compute time
-# per evaluated token, is what the release computes at, whatever the load: the endpoint's slow-release alarm
-# (stacks/) divides the per-minute sums. A request that evaluates fewer than MIN_TIMED_TOKENS tokens is left out,
-# because a decode of a handful of tokens costs more per token (its fixed cost per call) in any release. A batch's
-# records add up into one line (server/logs.add_log_fields), so the ratio holds for batches too.
+# The release's own compute, measured on every job that ran, to its end or into its deadline: the seconds its
+# scoring steps ran in the engine (``compute_s``: a finished job's prefill and readout, a stopped job's steps until
+# its last finished one; its wait in the queue, ``queue_s``, is apart) and the tokens they evaluated
+# (``evaluated_tokens``: not those taken from the state cache or the resident head). The engine runs one job at a
+# time, so their ratio, the compute time per evaluated token, is what the release computes at, whatever the load
+# (an admission refusal computes nothing and has neither field): the endpoint's slow-release alarm (stacks/)
+# divides the per-minute sums. A line of fewer than MIN_TIMED_TOKENS evaluated tokens is left out, because a
+# decode of a handful of tokens costs more per token (its fixed cost per call) in any release. A batch's records
+# add up into one line (server/inflight.add_log_fields), so the ratio holds for batches too.
 SUCCESS_STATUS = 200
 MIN_TIMED_TOKENS = 64
-_TIMED = (FieldTest("status", "=", SUCCESS_STATUS), FieldTest("evaluated_tokens", ">=", MIN_TIMED_TOKENS))
-PREFILL_SECONDS = LogMetric("PrefillSeconds", REQUEST, _TIMED, value_field="prefill_s")
-READOUT_SECONDS = LogMetric("ReadoutSeconds", REQUEST, _TIMED, value_field="readout_s")
-EVALUATED_TOKENS = LogMetric("EvaluatedTokens", REQUEST, _TIMED, value_field="evaluated_tokens")
+COMPUTE_FIELD = "compute_s"
+EVALUATED_TOKENS_FIELD = "evaluated_tokens"
+_TIMED = (FieldTest(EVALUATED_TOKENS_FIELD, ">=", MIN_TIMED_TOKENS),)
+COMPUTE_SECONDS = LogMetric("ComputeSeconds", REQUEST, _TIMED, value_field=COMPUTE_FIELD)
+EVALUATED_TOKENS = LogMetric("EvaluatedTokens", REQUEST, _TIMED, value_field=EVALUATED_TOKENS_FIELD)
 
-METRICS = (REQUESTS, BUSY_RESPONSES, SCORING_FAILURES, PREFILL_SECONDS, READOUT_SECONDS, EVALUATED_TOKENS)
+METRICS = (REQUESTS, BUSY_RESPONSES, DEADLINE_MISSES, SCORING_FAILURES, FAILED_REQUESTS, COMPUTE_SECONDS,
+           EVALUATED_TOKENS)

@@ -303,19 +303,47 @@ def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind
 
 
 def test_the_slow_release_alarm_divides_the_adapters_own_compute_by_its_evaluated_tokens(pinned):
-    """Successful requests' compute per evaluated token (the adapter's log line, metric_logs), per minute, against
-    the slowest instance type's derived threshold (stacks/sizing.py) for the pinned model."""
+    """Every job's compute per evaluated token (the adapter's log line, deadline misses included: metric_logs), per
+    minute, against the slowest instance type's derived threshold (stacks/sizing.py) for the pinned model."""
     gguf = sizing.model_bytes("qwen3.5-4b", MODEL_SHA256)
     for kind in ADAPTER_KINDS:
         properties = alarms(pinned, kind)["SlowCompute"]["Properties"]
         expression, inputs = metric_math(properties)
         namespace = f"DecisionAdapter/{pinned.prefix}-{kind}"
-        assert inputs == {"prefill": (namespace, "PrefillSeconds"), "readout": (namespace, "ReadoutSeconds"),
-                          "tokens": (namespace, "EvaluatedTokens")}
-        assert expression == "IF(FILL(tokens, 0) > 0, 1000 * (FILL(prefill, 0) + FILL(readout, 0)) / tokens, 0)"
+        assert inputs == {"compute": (namespace, metric_logs.COMPUTE_SECONDS.metric_name),
+                          "tokens": (namespace, metric_logs.EVALUATED_TOKENS.metric_name)}
+        assert expression == "IF(FILL(tokens, 0) > 0, 1000 * FILL(compute, 0) / tokens, 0)"
         types = cdk_testkit.variant_instance_types(variant(pinned, kind))
         assert properties["Threshold"] == max(sizing.slow_release_ms_per_token(t, gguf) for t in types)
+        assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"]) == (3, 3)
     assert "SlowCompute" not in alarms(pinned, "text_generation")
+
+
+def test_scoring_failures_roll_back_on_a_rate_one_bad_request_cannot_hold(pinned):
+    """Requests with a scoring failure (one per request, however many of a batch's records failed: metric_logs) per
+    logged request, above the fault-rate threshold in 3 consecutive minutes: a single failure breaches one minute."""
+    for kind in ADAPTER_KINDS:
+        properties = alarms(pinned, kind)["ScoringFailures"]["Properties"]
+        expression, inputs = metric_math(properties)
+        namespace = f"DecisionAdapter/{pinned.prefix}-{kind}"
+        assert inputs == {"failed": (namespace, metric_logs.FAILED_REQUESTS.metric_name),
+                          "requests": (namespace, metric_logs.REQUESTS.metric_name)}
+        assert expression == "IF(FILL(failed, 0) > 0 AND requests > 0, 100 * FILL(failed, 0) / requests, 0)"
+        assert properties["Threshold"] == 5 and properties["ComparisonOperator"] == "GreaterThanThreshold"
+        assert (properties["EvaluationPeriods"], properties["DatapointsToAlarm"]) == (3, 3)
+
+
+def pools(synth, kind) -> list[str]:
+    """The instance types of a variant's pools (none for a single instance type)."""
+    return [pool["InstanceType"] for pool in variant(synth, kind).get("InstancePools", [])]
+
+
+def pooled(name: str, synth, kind) -> str:
+    """What a SageMaker count of the variant reads as (endpoint_specs.VariantSeries): the series itself, or with
+    pools the larger of it and the pools' total."""
+    if not pools(synth, kind):
+        return name
+    return f"MAX([FILL({name}, 0), {' + '.join(f'FILL({name}{i}, 0)' for i in range(len(pools(synth, kind))))}])"
 
 
 def metric_math(properties) -> tuple[str, dict[str, tuple[str, str]]]:
@@ -326,19 +354,37 @@ def metric_math(properties) -> tuple[str, dict[str, tuple[str, str]]]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_fault_rate_leaves_out_the_adapters_busy_503s(pinned, kind):
-    """SageMaker's Invocation5XXErrors counts the adapter's busy 503s (load); the rollback alarm subtracts them."""
-    expression, inputs = metric_math(alarms(pinned, kind)["Invocation5xxRate"]["Properties"])
-    assert inputs["errors"] == ("AWS/SageMaker", "Invocation5XXErrors")
-    assert inputs["invocations"] == ("AWS/SageMaker", "Invocations")
+def test_the_fault_rate_leaves_out_the_adapters_admission_refusals_but_counts_its_deadline_misses(pinned, kind):
+    """SageMaker's Invocation5XXErrors counts every 503 the adapter answers: its admission refusals (load) are
+    subtracted, its deadline misses (a fault of the release, metric_logs) stay counted. A pooled variant's 5xx are
+    read from the variant's series or its pools' (InstanceType), whichever SageMaker publishes."""
+    properties = alarms(pinned, kind)["Invocation5xxRate"]["Properties"]
+    expression, inputs = metric_math(properties)
+    errors, invocations = pooled("errors", pinned, kind), pooled("invocations", pinned, kind)
+    name = f"{pinned.prefix}-{kind.replace('_', '-')}"
+    variant_dimensions = {"EndpointName": name, "VariantName": "AllTraffic"}
+    dimensions = {m["Id"]: {d["Name"]: d["Value"] for d in m["MetricStat"]["Metric"].get("Dimensions", [])}
+                  for m in properties["Metrics"] if "MetricStat" in m}
+    series = ["errors"] + [f"errors{i}" for i in range(len(pools(pinned, kind)))]
+    for i, pool in enumerate([None] + pools(pinned, kind)):
+        assert inputs[series[i]] == ("AWS/SageMaker", "Invocation5XXErrors")
+        assert dimensions[series[i]] == ({**variant_dimensions, "InstanceType": pool} if pool else variant_dimensions)
     if kind in ADAPTER_KINDS:
-        assert inputs["busy"] == (f"DecisionAdapter/{pinned.prefix}-{kind}", "BusyResponses")
-        assert expression == ("IF(invocations > 0 AND errors > FILL(busy, 0), "
-                              "100 * (errors - FILL(busy, 0)) / invocations, 0)")
+        namespace = f"DecisionAdapter/{pinned.prefix}-{kind}"
+        assert inputs["busy"] == (namespace, metric_logs.BUSY_RESPONSES.metric_name)
+        assert inputs["requests"] == (namespace, metric_logs.REQUESTS.metric_name)
+        assert set(inputs) == {*series, "busy", "requests"}
+        assert expression == (f"IF({errors} > FILL(busy, 0), 100 * ({errors} - FILL(busy, 0)) / "
+                              f"MAX([FILL(requests, 0), {errors}]), 0)")
+        # The busy count is the admission refusals only: a 503 with a deadline miss is not subtracted.
+        assert f"$.{metric_logs.DEADLINE_MISSES_FIELD} = 0" in metric_logs.BUSY_RESPONSES.filter_pattern()
     else:   # llama-server queues behind its slots: its 5xx are faults
-        assert set(inputs) == {"errors", "invocations"}
-        assert expression == "IF(invocations > 0, 100 * errors / invocations, 0)"
-    assert alarms(pinned, kind)["Invocation5xxRate"]["Properties"]["Threshold"] == 5
+        assert inputs["invocations"] == ("AWS/SageMaker", "Invocations")
+        assert set(inputs) == {*series, *(s.replace("errors", "invocations") for s in series)}
+        assert expression == f"IF({invocations} > 0, 100 * {errors} / {invocations}, 0)"
+    assert properties["Threshold"] == 5
+    # CloudWatch allows an alarm at most 10 metrics.
+    assert len(inputs) <= 10
 
 
 def test_a_canary_must_carry_more_traffic_than_the_fault_rate_threshold():
@@ -351,9 +397,32 @@ def test_a_canary_must_carry_more_traffic_than_the_fault_rate_threshold():
 @pytest.mark.parametrize("kind", KINDS)
 def test_memory_growth_rolls_back(pinned, kind):
     properties = alarms(pinned, kind)["MemoryUtilization"]["Properties"]
-    assert (properties["Namespace"], properties["MetricName"], properties["Statistic"]) == (
-        "/aws/sagemaker/Endpoints", "MemoryUtilization", "Maximum")
+    if not pools(pinned, kind):
+        assert (properties["Namespace"], properties["MetricName"], properties["Statistic"]) == (
+            "/aws/sagemaker/Endpoints", "MemoryUtilization", "Maximum")
+    else:
+        # A pooled variant may publish per-instance-type series only: the largest of the variant's and every
+        # pool's series.
+        expression, inputs = metric_math(properties)
+        ids = ["m"] + [f"m{i}" for i in range(len(pools(pinned, kind)))]
+        assert expression == f"MAX([{', '.join(ids)}])"
+        assert inputs == dict.fromkeys(ids, ("/aws/sagemaker/Endpoints", "MemoryUtilization"))
+        assert {m["MetricStat"]["Stat"] for m in properties["Metrics"] if "MetricStat" in m} == {"Maximum"}
     assert properties["Threshold"] == 90
+
+
+@pytest.mark.parametrize("alarm_id", ["MemoryUtilization", "DiskUtilization", "GpuUtilization"])
+def test_gpu_instance_alarms_read_every_pools_series_too(pinned, alarm_id):
+    """SageMaker adds an InstanceType dimension for instance pools; where it publishes only those series, an alarm
+    on {EndpointName, VariantName} alone would read nothing and never fire."""
+    properties = alarms(pinned, "gpu")[alarm_id]["Properties"]
+    name = f"{pinned.prefix}-gpu"
+    read = [m["MetricStat"]["Metric"] for m in properties["Metrics"] if "MetricStat" in m]
+    dimension_sets = [{d["Name"]: d["Value"] for d in metric["Dimensions"]} for metric in read]
+    variant_dimensions = {"EndpointName": name, "VariantName": "AllTraffic"}
+    assert dimension_sets == [variant_dimensions] + [{**variant_dimensions, "InstanceType": t}
+                                                     for t in pools(pinned, "gpu")]
+    assert pools(pinned, "gpu") == WALKTHROUGH_POOLS
 
 
 def test_error_and_busy_rates_are_metric_math(pinned):
@@ -370,10 +439,10 @@ def test_the_adapter_log_lines_feed_the_busy_and_failure_metrics(pinned):
         if kind not in ADAPTER_KINDS:
             assert filters == {}
             continue
-        assert set(filters) == {"Requests", "BusyResponses", "ScoringFailures", "PrefillSeconds", "ReadoutSeconds",
-                                "EvaluatedTokens"}
+        assert set(filters) == {"Requests", "BusyResponses", "DeadlineMisses", "ScoringFailures", "FailedRequests",
+                                "ComputeSeconds", "EvaluatedTokens"}
         log_group = logical_id(pinned, kind, "AWS::Logs::LogGroup")
-        values = {"PrefillSeconds": "$.prefill_s", "ReadoutSeconds": "$.readout_s",
+        values = {"DeadlineMisses": "$.deadline_misses", "ComputeSeconds": "$.compute_s",
                   "EvaluatedTokens": "$.evaluated_tokens"}
         for name, metric_filter in filters.items():
             assert metric_filter["LogGroupName"] == {"Ref": log_group}

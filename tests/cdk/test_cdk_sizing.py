@@ -36,12 +36,21 @@ def test_the_measured_figures_are_docs_benchmarks_md():
         assert float(per_second) == measured.per_second, measured.path
 
 
-def test_the_slowdown_the_threshold_allows_for_is_the_measured_one():
-    """The slow-release factor stays above the worst slowdown that load caused on the same instance (docs/adapter.md,
-    CPU kernels and threads)."""
+def test_the_slow_release_factor_lies_between_load_and_a_release_twice_as_slow():
+    """Below 2 (a release that computes at half the derived speed, 2x per token, rolls back) and above the slowdown
+    that concurrent clients caused (docs/benchmarks.md, Concurrency: the same work's wall time at 16 clients over
+    one client; the engine runs one job at a time, so queueing adds nothing to a job's own compute)."""
+    concurrency = BENCHMARKS.split("### Concurrency", 1)[1].split("\n## ", 1)[0]
+    measured = max(float(table_row(clients, concurrency)[3]) for clients in ("1", "4", "16"))
+    assert measured == 1.00
+    assert measured < sizing.SLOW_RELEASE_FACTOR < 2
+    # What load moved more than the factor, the server's own threads parsing 6 MiB bodies beside the decode
+    # (docs/adapter.md, CPU kernels and threads), is stated where the threshold is explained.
     adapter = " ".join((REPOSITORY_ROOT / "docs" / "adapter.md").read_text().split())
-    measured = max(float(x) for x in re.findall(r"took (\d+\.\d+)x longer under that load", adapter))
-    assert measured == 2.28 and sizing.SLOW_RELEASE_FACTOR > measured
+    flood = max(float(x) for x in re.findall(r"took (\d+\.\d+)x longer under that load", adapter))
+    assert flood > sizing.SLOW_RELEASE_FACTOR
+    for text in (sizing.__doc__, (REPOSITORY_ROOT / "docs" / "deploy.md").read_text()):
+        assert f"{flood}x" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])
@@ -77,7 +86,8 @@ def test_the_formulas():
     k = gguf / 491e6 * 2 / 4
     assert small.k == pytest.approx(k)
     assert small.target_invocations_per_instance == int(60 * 0.31 / k * 0.7)
-    assert small.slow_release_ms_per_token == -(-1000 / 67 * k * 4 // 1)
+    assert small.slow_release_ms_per_token == -(-1000 / 67 * k * 1.5 // 1)
+    assert sizing.ms_per_token("ml.c7i.2xlarge", gguf) == pytest.approx(1000 / 67 * k)
     # AMD's c7a has one thread per core: twice the cores of c7i at the same vCPUs.
     assert sizing.derive("cpu", "ml.c7a.2xlarge", gguf).k == pytest.approx(k / 2)
     # Never below one invocation a minute; llama-server logs no compute, so no slow-release threshold.

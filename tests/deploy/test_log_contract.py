@@ -1,7 +1,8 @@
 """The log contract between the adapter and the stacks' metric filters, checked end to end.
 
 The real adapter (llama.cpp on the embedded model, the logging that ``serve`` configures) answers a request, a
-busy 503 and a request whose scoring fails; the JSON lines it really writes to stderr (what SageMaker ships to
+busy 503 (an admission refusal), a request whose scoring fails and one that runs into its deadline (a 503 too, but
+a fault of the release); the JSON lines it really writes to stderr (what SageMaker ships to
 CloudWatch Logs) are captured, and every metric filter the synthesized endpoint stacks contain is evaluated on
 them with CloudWatch's JSON pattern semantics (filter_patterns.py). Each metric must count exactly its lines:
 a renamed logger, message or field fails here, not silently in production.
@@ -13,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ import app as cdk_app
 from decision_adapter import metric_logs
 from decision_adapter.decisions.model_files import embedded_model_dir, find_gguf
 from decision_adapter.engine.core import Engine
+from decision_adapter.engine.plan import Decode
 from decision_adapter.server import logs
 from decision_adapter.server.app import create_app
 from decision_adapter.settings import Settings
@@ -31,6 +34,10 @@ from filter_patterns import matches
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = json.loads((ROOT / "examples" / "support-route.json").read_text())
 ADAPTER_STACKS = ("endpoint-cpu", "endpoint-gpu")
+# The deadline of the late request, and how long its first decode is held up: longer than the deadline, and
+# ending within the scheduler's grace after it, so the job reports what it computed.
+DEADLINE_S = 1.5
+SLOWED_STEP_S = 1.8
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +85,27 @@ def test_each_metric_counts_exactly_the_lines_the_adapter_writes_for_its_event(s
     events = [json.loads(line) for line in lines if line.startswith("{")]
     requests = {e["request_id"]: e for e in events
                 if (e.get("logger"), e.get("message")) == (metric_logs.REQUEST.logger, metric_logs.REQUEST.message)}
-    assert {rid: e["status"] for rid, e in requests.items()} == {"ok": 200, "busy": 503, "failed": 500}
-    # The successful request's own compute: the slow-release metrics sum its fields.
-    ok = requests["ok"]
-    assert ok["evaluated_tokens"] >= metric_logs.MIN_TIMED_TOKENS and ok["prefill_s"] > 0 and ok["readout_s"] >= 0
-    timed = {json.dumps(ok)}
+    assert {rid: e["status"] for rid, e in requests.items()} == {"ok": 200, "busy": 503, "failed": 500, "late": 503}
+    # Every request line carries the counts, so that a filter can test them for 0.
+    assert all(e[field] == 0 for rid, e in requests.items() for field in metric_logs.COUNT_FIELDS
+               if (rid, field) not in {("late", metric_logs.DEADLINE_MISSES_FIELD),
+                                       ("failed", metric_logs.SCORING_FAILURES_FIELD)})
+    assert requests["failed"][metric_logs.SCORING_FAILURES_FIELD] == 1
+    # The successful request's own compute, and the late one's until it was stopped: the slow-release metrics sum
+    # both, so a release too slow for its deadlines is measured on the jobs that ran into them.
+    ok, late = requests["ok"], requests["late"]
+    assert ok["evaluated_tokens"] >= metric_logs.MIN_TIMED_TOKENS and ok["compute_s"] > 0
+    assert ok["compute_s"] == pytest.approx(ok["prefill_s"] + ok["readout_s"], abs=2e-6)
+    assert late[metric_logs.DEADLINE_MISSES_FIELD] == 1
+    assert late["evaluated_tokens"] >= metric_logs.MIN_TIMED_TOKENS and late["compute_s"] >= SLOWED_STEP_S
+    timed = {json.dumps(ok), json.dumps(late)}
     by_line = {
-        "Requests": {json.dumps(requests[rid]) for rid in ("ok", "busy", "failed")},
+        "Requests": {json.dumps(requests[rid]) for rid in ("ok", "busy", "failed", "late")},
         "BusyResponses": {json.dumps(requests["busy"])},
+        "DeadlineMisses": {json.dumps(late)},
         "ScoringFailures": {json.dumps(e) for e in events if e.get("message") == "scoring failed"},
-        "PrefillSeconds": timed, "ReadoutSeconds": timed, "EvaluatedTokens": timed,
+        "FailedRequests": {json.dumps(requests["failed"])},
+        "ComputeSeconds": timed, "EvaluatedTokens": timed,
     }
     (failure,) = [e for e in events if e.get("message") == "scoring failed"]
     assert failure["request_id"] == "failed" and failure["level"] == "error"
@@ -136,6 +154,27 @@ def _cause_each_event(settings, real_engine, capfd) -> list[str]:
         real_engine.runner._executor.run_step = run_step
     assert failed.status_code == 500 and failed.json == {"error": "scoring failed"}
     app.extensions["decision_adapter"].close()  # its scheduler; the engine is the module's
+
+    # 4. A deadline miss: a release slower than the speed admission measured at start-up. The request is admitted
+    # (its tokens fit its deadline at that speed), then its first decode takes longer than the whole deadline.
+    late_app = create_app(dataclasses.replace(settings, state_cache_mb=0, request_timeout_s=DEADLINE_S), real_engine)
+    slowed = {"steps": 0}
+
+    def slow(step, memory, blobs, outcome):
+        run_step(step, memory, blobs, outcome)
+        if isinstance(step, Decode):
+            slowed["steps"] += 1
+            if slowed["steps"] == 1:
+                time.sleep(SLOWED_STEP_S)
+
+    real_engine.runner._executor.run_step = slow
+    try:
+        unseen = {"decision": {**long_state["decision"], "state": "Another state. " + long_state["decision"]["state"]}}
+        late = late_app.test_client().post("/invocations", json=unseen, headers={"X-Request-Id": "late"})
+    finally:
+        real_engine.runner._executor.run_step = run_step
+    assert late.status_code == 503 and late.json["retryable"] is True
+    late_app.extensions["decision_adapter"].close()
 
     return [line for line in capfd.readouterr().err.splitlines() if line.strip()]
 

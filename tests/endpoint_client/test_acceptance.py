@@ -91,11 +91,57 @@ def test_an_alarm_whose_series_exists_is_proved():
     assert result.state == "proved"
 
 
-def test_pools_that_publish_only_per_instance_type_series_leave_the_variant_alarm_without_data():
+def test_an_alarm_on_the_variant_alone_reads_nothing_where_only_per_instance_type_series_exist():
     series = {"Namespace": ALARM["Namespace"], "MetricName": ALARM["MetricName"],
               "Dimensions": ALARM["Dimensions"] + [{"Name": "InstanceType", "Value": "ml.g6e.xlarge"}]}
     (result,) = checker(FakeCloudWatch(metrics=[series])).metric_checks("gpu", [ALARM])
-    assert result.state == "failed" and "only series with more dimensions (InstanceType) exist" in result.detail
+    assert result.state == "failed" and "only series with other dimensions (InstanceType) exist" in result.detail
+
+
+def pooled_alarm(name: str, metric: str) -> dict:
+    """A GPU alarm as stacks/endpoint_specs.py builds it (DescribeAlarms' shape): metric math over the variant's
+    series and every pool's."""
+    pools = config().gpu.instance_pools
+    variant = ALARM["Dimensions"]
+    queries = [{"Id": "m" + (str(i) if pool else ""), "ReturnData": False, "MetricStat": {
+        "Metric": {"Namespace": ALARM["Namespace"], "MetricName": metric,
+                   "Dimensions": variant + ([{"Name": "InstanceType", "Value": pool}] if pool else [])},
+        "Period": 60, "Stat": "Maximum"}} for i, pool in [(None, None), *enumerate(pools)]]
+    return {"AlarmName": f"decision-dev-gpu-{name}", "Threshold": 85,
+            "Metrics": [{"Id": "expr_1", "Expression": "MAX([...])", "ReturnData": True}, *queries]}
+
+
+def series_of(alarm: dict) -> list[dict]:
+    return [q["MetricStat"]["Metric"] for q in alarm["Metrics"] if "MetricStat" in q]
+
+
+def test_a_pooled_alarm_is_proved_by_the_pools_series_alone_or_the_variants():
+    alarm = pooled_alarm("MemoryUtilization", "MemoryUtilization")
+    variant, *pools = series_of(alarm)
+    assert len(pools) == len(config().gpu.instance_pools) >= 2
+    for published in ([pools[0]], pools, [variant]):
+        (result,) = checker(FakeCloudWatch(metrics=published)).metric_checks("gpu", [alarm])
+        assert result.state == "proved", published
+        assert f"{len(published)} of the {1 + len(pools)} series the alarm reads exist" in result.detail
+    (result,) = checker(FakeCloudWatch()).metric_checks("gpu", [alarm])
+    assert result.state == "failed" and "no data" in result.detail
+    other = {**variant, "Dimensions": variant["Dimensions"] + [{"Name": "InstanceType", "Value": "ml.p5.48xlarge"}]}
+    (result,) = checker(FakeCloudWatch(metrics=[other])).metric_checks("gpu", [alarm])
+    assert result.state == "failed" and "reads no data" in result.detail
+
+
+def test_storage_reads_every_series_the_disk_alarm_reads():
+    class PerSeries(FakeCloudWatch):
+        def get_metric_statistics(self, **kwargs):
+            self.asked.append({d["Name"]: d["Value"] for d in kwargs["Dimensions"]})
+            return {"Datapoints": [{"Maximum": 91.0}] if "InstanceType" in self.asked[-1] else []}
+
+    cloudwatch = PerSeries()
+    cloudwatch.asked = []
+    disk = pooled_alarm("DiskUtilization", "DiskUtilization")
+    result = checker(cloudwatch).storage("gpu", [disk])
+    assert result.state == "failed" and "91.0 %" in result.detail   # a pool's series only, above 85 %
+    assert cloudwatch.asked == [{d["Name"]: d["Value"] for d in m["Dimensions"]} for m in series_of(disk)]
 
 
 @pytest.mark.parametrize("used, state", [(31.0, "proved"), (86.0, "failed")])

@@ -59,7 +59,14 @@ class TooLarge(RuntimeError):
 
 
 class DeadlineExceeded(RuntimeError):
-    """The job was not answered within its deadline; its work was dropped."""
+    """The job was not answered within its deadline; its work was dropped. ``decoded_tokens`` and ``compute_s``
+    are what it decoded before it was stopped and the seconds those decodes took (0 for a job that never ran): a
+    release too slow for its deadlines is measured on these jobs too (metric_logs)."""
+
+    def __init__(self, message: str, *, decoded_tokens: int = 0, compute_s: float = 0.0):
+        super().__init__(message)
+        self.decoded_tokens = decoded_tokens
+        self.compute_s = compute_s
 
 
 class ScoringFailed(RuntimeError):

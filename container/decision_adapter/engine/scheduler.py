@@ -228,7 +228,17 @@ class Scheduler:
                 timeout=None if math.isinf(remaining) else max(0.0, remaining) + RESULT_GRACE_S)
         except TimeoutError:
             self.cancel(ticket)
+        # A running job stops inside its decode at once and reports what it decoded until then (the release's
+        # speed is measured on it); a queued one never ran.
+        try:
+            _, stats = ticket.future.result(timeout=RESULT_GRACE_S)
+        except DeadlineExceeded as stopped:
+            raise stopped from None
+        except BaseException:  # noqa: BLE001 - cancelled in the queue, or not stopped in time: nothing measured
             raise DeadlineExceeded("no answer within the deadline") from None
+        # It finished, too late for its caller: what it computed is still measured.
+        raise DeadlineExceeded("the job finished after its deadline", decoded_tokens=stats.evaluated_tokens,
+                               compute_s=stats.prefill_s + stats.readout_s)
 
     def cancel(self, ticket: Ticket) -> None:
         """Give a job up: out of the queue with its tokens released, or stopped inside its decode."""
@@ -350,7 +360,9 @@ class Scheduler:
                     if stepped > ticket.deadline:
                         engine.abandon(job)
                         self._measure(job, stepped - ticket.started)
-                        ticket.future.set_exception(DeadlineExceeded("the job ran past its deadline"))
+                        ticket.future.set_exception(DeadlineExceeded(
+                            "the job ran past its deadline", decoded_tokens=job.decoded_tokens,
+                            compute_s=stepped - ticket.started))
                         return
                 stepped = time.monotonic()
             result = engine.finish(job)
@@ -358,7 +370,9 @@ class Scheduler:
         except DecodeAborted:  # the engine dropped the job already
             if job is not None:
                 self._measure(job, stepped - ticket.started)
-            ticket.future.set_exception(DeadlineExceeded("the job was stopped at its deadline"))
+            decoded = job.decoded_tokens if job is not None else 0
+            ticket.future.set_exception(DeadlineExceeded("the job was stopped at its deadline", decoded_tokens=decoded,
+                                                         compute_s=stepped - ticket.started))
             return
         except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the scheduler
             log.exception("a job failed in the engine")

@@ -215,7 +215,8 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
               "evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens}
     log = {"decisions": len(decisions), "input_tokens": sum(s.input_tokens for s in answered.results),
            "queue_s": round(answered.queue_s, 6), "prefill_s": round(stats.prefill_s, 6),
-           "readout_s": round(stats.readout_s, 6), "evaluated_tokens": stats.evaluated_tokens}
+           "readout_s": round(stats.readout_s, 6), "compute_s": round(stats.prefill_s + stats.readout_s, 6),
+           "evaluated_tokens": stats.evaluated_tokens}
     if answered.prior_stats:
         timing.update({"prior": answered.prior_s, "prior_tokens": answered.prior_tokens})
         log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})

@@ -274,7 +274,7 @@ def answer_request(body: Any, call: Call) -> Answer:
     }
     log = {"questions": len(items), "input_tokens": input_tokens, "queue_s": round(answered.queue_s, 6),
            "prefill_s": round(stats.prefill_s, 6), "readout_s": round(stats.readout_s, 6),
-           "evaluated_tokens": stats.evaluated_tokens}
+           "compute_s": round(stats.prefill_s + stats.readout_s, 6), "evaluated_tokens": stats.evaluated_tokens}
     if answered.prior_stats:
         payload["x_timing"]["prior"] = answered.prior_s
         payload["x_prior_tokens"] = answered.prior_tokens

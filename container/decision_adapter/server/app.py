@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import Flask, Response, request
 
+from ..metric_logs import COUNT_FIELDS
 from ..settings import Settings
 from ..startup import Readiness, load_into
 from . import sagemaker, systemone
@@ -52,7 +53,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
         if request.endpoint != "sagemaker.ping" and in_flight is not None:
             log_request({"request_id": in_flight.request_id, "method": request.method, "path": request.path,
                          "status": response.status_code, "total_s": round(time.perf_counter() - in_flight.started, 6),
-                         **in_flight.log})
+                         **dict.fromkeys(COUNT_FIELDS, 0), **in_flight.log})
         return response
 
     @app.errorhandler(Exception)

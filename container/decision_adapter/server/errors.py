@@ -4,8 +4,9 @@ Input errors (the request's fields, pydantic's or the decision model's) are ``in
 raises (404, 405 with its ``Allow``), refusals (busy, not ready, limits, auth) are ``refused`` with their
 status, headers and whether to retry. What the engine raises while a request is scored is classified here too,
 once: a full queue or a passed deadline is the retryable busy 503 (work that cannot be done before the deadline
-says why); a failure inside the engine is a 500 ``scoring failed`` whose cause goes to the log (one line the
-ScoringFailures metric counts), never to the client. Anything else is an ``internal`` 500 whose traceback goes to
+says why), but a deadline the job ran into is counted apart on the request's log line (a fault of the release,
+not load: metric_logs); a failure inside the engine is a 500 ``scoring failed`` whose cause goes to the log (one
+line the ScoringFailures metric counts, and a count on the request's line), never to the client. Anything else is an ``internal`` 500 whose traceback goes to
 the log.
 """
 
@@ -20,6 +21,7 @@ from werkzeug.exceptions import HTTPException
 
 from ..engine.errors import Busy, DeadlineExceeded, ScoringFailed, TooSlow
 from ..errors import ApiError, Failure, InputError, busy
+from ..metric_logs import COMPUTE_FIELD, DEADLINE_MISSES_FIELD, EVALUATED_TOKENS_FIELD, SCORING_FAILURES_FIELD
 from .http import json_response
 from .inflight import current_request
 from .logs import log_scoring_failed
@@ -36,12 +38,20 @@ def classify(exc: Exception) -> Failure:
     if isinstance(exc, ApiError):
         kind = "internal" if exc.status >= 500 and not exc.retryable else "refused"
         return Failure(exc.status, exc.message, kind, dict(exc.headers), exc.retryable, exc)
+    request = current_request()
+    if isinstance(exc, DeadlineExceeded) and request is not None:
+        # The same busy 503 to the client, but a fault of the release in the log (metric_logs): admission let
+        # the job in at the measured speed and it still ran out of time. What it computed until it was stopped
+        # joins the request's line, so that the release's speed is measured on it too.
+        request.add_log_fields({DEADLINE_MISSES_FIELD: 1, COMPUTE_FIELD: round(exc.compute_s, 6),
+                                EVALUATED_TOKENS_FIELD: exc.decoded_tokens})
     if isinstance(exc, (Busy, DeadlineExceeded)):  # a full queue, no time left: the same request may pass later
         return classify(busy(f"model is busy; retry the request: {exc}" if isinstance(exc, TooSlow) else None))
-    request = current_request()
     request_id = request.request_id if request is not None else None
     if isinstance(exc, ScoringFailed):
         log_scoring_failed({"request_id": request_id, "cause": str(exc)})
+        if request is not None:
+            request.add_log_fields({SCORING_FAILURES_FIELD: 1})
         return Failure(500, "scoring failed", "internal", cause=exc)
     log.error("unhandled error", exc_info=exc, extra={"fields": {"request_id": request_id}})
     return Failure(500, "internal error", "internal", cause=exc)
