@@ -19,8 +19,10 @@ before the job's deadline, in the seconds the cost model gives the work queued, 
 the job's own (``cost``: by tokens, decode calls and the cells attended over, learnt from the jobs that ran);
 otherwise ``Busy``, at once. A request whose own work takes longer than its deadline allows even on an idle
 server (``allowed_s``) by a margin the model's error cannot explain (``CostModel.fastest``) gets ``TooLarge``: no
-retry can pass. When a job starts it is charged again, for what the cache then holds, and a job that can no
-longer finish before its deadline is refused then (``TooSlow``) rather than run into it. The model learns from
+retry can pass. With nothing queued or running, a request that is not ``TooLarge`` is refused (``TooSlow``) only
+when even that fastest estimate misses its deadline: a retry would meet the same estimate. When a job starts it is
+charged again, for what the cache then holds, and a job that cannot finish before its deadline even at the fastest
+estimate is refused then (``TooSlow``) rather than run into it. The model learns from
 every job that ran, to its end or not: the work of the decodes it finished and the seconds they took. The mean
 speed (``tokens_per_s``) is kept for sizing Batch Transform. Everything a job owns (its plan, its reads, its future) lives in the job. ``assess`` applies the same rules
 to a request's jobs without queueing them (a dry run): what each would be charged, and what admission would say.
@@ -204,11 +206,17 @@ class Scheduler:
         queued = self._queued_tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
             return Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
-        needed = self._cost.seconds(self._ahead() + work)
+        ahead = self._ahead()
+        # Behind other work, a retry can pass once it is done: the expected seconds decide. With nothing ahead a
+        # retry meets the same estimate, so a request that could fit (not TooLarge) is refused only when even the
+        # fastest the model allows misses its deadline; otherwise it runs, and its deadline stops it if need be.
+        idle = not self._queue and self._running is None
+        needed = self._cost.fastest(work) if idle else self._cost.seconds(ahead + work)
         if needed is not None and not math.isinf(deadline):
             left = deadline - time.monotonic()
             if needed > left:
-                return TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need about "
+                return TooSlow(f"the {tokens} tokens of this job, after the {queued} queued, need "
+                               f"{'at least' if idle else 'about'} "
                                f"{needed:.1f} s as this server's jobs have run; {max(0.0, left):.1f} s are "
                                f"left before its deadline")
         return None
@@ -389,10 +397,10 @@ class Scheduler:
             self._queued_work = self._queued_work - ticket.work + work
             ticket.tokens, ticket.work = tokens, work
             self._running_job = job
-            needed = self._cost.seconds(work)
+            needed = self._cost.fastest(work)  # nothing is ahead of a job that starts (see _refusal)
         left = ticket.deadline - time.monotonic()
         if needed is not None and not math.isinf(left) and needed > left:
-            return TooSlow(f"the {tokens} tokens of this job need about {needed:.1f} s as this server's jobs have "
+            return TooSlow(f"the {tokens} tokens of this job need at least {needed:.1f} s as this server's jobs have "
                            f"run; {max(0.0, left):.1f} s were left when it started")
         return None
 
