@@ -103,8 +103,8 @@ class ArtifactsStack(cdk.Stack):
 
         retain_logs = cdk.RemovalPolicy.RETAIN if config.retain_logs else cdk.RemovalPolicy.DESTROY
         self.logs_key = kms.Key(
-            self, "LogsKey", enable_key_rotation=True, pending_window=cdk.Duration.days(30 if config.retain_logs else 7),
-            removal_policy=retain_logs,
+            self, "LogsKey", enable_key_rotation=True, removal_policy=retain_logs,
+            pending_window=cdk.Duration.days(30 if config.retain_logs else 7),
             description=f"{config.name_prefix}: encrypts the environment's CloudWatch log groups")
         # CloudWatch Logs encrypts and decrypts each log group's events with the key, with the group's ARN as the
         # encryption context: the condition limits the service to this account's log groups in this region.

@@ -59,7 +59,8 @@ _ACCOUNT = re.compile(r"^[0-9]{12}$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-[0-9]$")
 _PARTITION = r"aws(?:-cn|-us-gov)?"
 _OIDC_PROVIDER_ARN = re.compile(
-    rf"^arn:(?P<partition>{_PARTITION}):iam::(?P<account>[0-9]{{12}}):oidc-provider/token\.actions\.githubusercontent\.com$")
+    rf"^arn:(?P<partition>{_PARTITION}):iam::(?P<account>[0-9]{{12}}):"
+    r"oidc-provider/token\.actions\.githubusercontent\.com$")
 _KMS_KEY_ARN = re.compile(
     rf"^arn:(?P<partition>{_PARTITION}):kms:(?P<region>[a-z]{{2}}(?:-[a-z]+)+-[0-9]):(?P<account>[0-9]{{12}}):"
     r"key/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -477,8 +478,9 @@ class ReviewSettings(_Settings):
     create_oidc_provider: _checked(_boolean, bool) = True
     # The existing provider's ARN where create_oidc_provider is false; null: the account's provider for GitHub's URL
     # (arn:<partition>:iam::<account>:oidc-provider/token.actions.githubusercontent.com).
-    oidc_provider_arn: Text(_OIDC_PROVIDER_ARN, "the ARN of an IAM OIDC provider for token.actions.githubusercontent.com "
-                            "(arn:aws:iam::<account>:oidc-provider/token.actions.githubusercontent.com)") | None = None
+    oidc_provider_arn: Text(_OIDC_PROVIDER_ARN, "the ARN of an IAM OIDC provider for "
+                            "token.actions.githubusercontent.com (arn:aws:iam::<account>:oidc-provider/"
+                            "token.actions.githubusercontent.com)") | None = None
 
     @model_validator(mode="after")
     def _provider_created_or_named(self):

@@ -232,7 +232,8 @@ def codebuild_service_requests(deployment: Deployment, stack: str, project: dict
                   for a in ("s3:GetBucketLocation", "s3:GetBucketAcl")]
         if bootstrap_key is not None:
             # GetObject of an SSE-KMS object: S3 decrypts the data key with the caller's rights, via S3.
-            found.append(Request("kms:Decrypt", bootstrap_key, {"kms:ViaService": f"s3.{deployment.region}.amazonaws.com"},
+            found.append(Request("kms:Decrypt", bootstrap_key,
+                                 {"kms:ViaService": f"s3.{deployment.region}.amazonaws.com"},
                                  source="CodeBuild: Source (SSE-KMS)"))
     return found
 

@@ -246,12 +246,14 @@ BOOTSTRAP_KEY = f"arn:aws:kms:{EXAMPLE_REGION}:{EXAMPLE_ACCOUNT}:key/1234abcd-12
 # The key policy of the key `cdk bootstrap --bootstrap-customer-key` creates, as far as the account's roles are
 # concerned: the account (root) may use it, i.e. IAM policies decide (KMS needs the key policy to say so).
 BOOTSTRAP_KEY_POLICY = {"Version": "2012-10-17", "Statement": [{
-    "Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{EXAMPLE_ACCOUNT}:root"}, "Action": "kms:*", "Resource": "*"}]}
+    "Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{EXAMPLE_ACCOUNT}:root"}, "Action": "kms:*",
+    "Resource": "*"}]}
 
 
 def test_a_bootstrap_with_a_customer_key_lets_the_builds_decrypt_their_source_and_nothing_else():
     """cdk bootstrap --bootstrap-kms-key-id: the asset bucket's objects are SSE-KMS, so CodeBuild's read of the
-    source needs kms:Decrypt on that key (bootstrap.kms_key_arn), through S3 only; without the setting no role has it."""
+    source needs kms:Decrypt on that key (bootstrap.kms_key_arn), through S3 only; without the setting no role has
+    it."""
     keyed = cdk_testkit.synthesized_with("prod", lambda e: e.__setitem__("bootstrap", {"kms_key_arn": BOOTSTRAP_KEY}))
     for synth, expected in ((keyed, "Allowed"), (cdk_testkit.synthesized("prod"), "ImplicitlyDenied")):
         deployment = Deployment(synth.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
