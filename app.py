@@ -74,7 +74,8 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     for spec in specs:
         endpoint = EndpointStack(app, spec.stack_name, spec=spec, artifacts=artifacts,
                                  alarm_topic=monitoring.alarm_topic, name_prefix=prefix,
-                                 log_retention_days=config.endpoint_log_retention_days, **common,
+                                 log_retention_days=config.endpoint_log_retention_days,
+                                 retain_logs=config.retain_logs, **common,
                                  description=f"{prefix}: the {spec.title} endpoint on the pinned artifacts")
         # Its IAM statements import the artifact bucket's named export (ArtifactsStack.bucket_objects_arn).
         endpoint.add_stack_dependency(artifacts)

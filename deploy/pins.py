@@ -59,11 +59,16 @@ def needs_location(environment: dict[str, Any]) -> bool:
 
 
 def pinned_context(context: dict[str, Any], *, generation: int = 1, account: str = EXAMPLE_ACCOUNT,
-                   region: str = EXAMPLE_REGION) -> dict[str, Any]:
+                   region: str = EXAMPLE_REGION, one_account: bool = False) -> dict[str, Any]:
     """cdk.json's context with every environment pinned, located where cdk.json must name a location, and given the
-    example repository where its review settings name none."""
+    example repository where its review settings name none. ``one_account``: every environment deploys to the same
+    account and region (the rehearsal's), so, as a user's cdk.json would, only the first one creates what an
+    account has once (GitHub's OIDC provider, the transform log group; stacks/config.py refuses two)."""
     context = copy.deepcopy(context)
-    for environment in context["environments"].values():
+    for index, environment in enumerate(context["environments"].values()):
+        if one_account and index > 0:
+            environment["review"] = {**environment.get("review", {}), "create_oidc_provider": False}
+            environment["create_transform_log_group"] = False
         environment["pins"] = pins_for(environment, generation)
         review = environment.get("review", {})
         if not review.get("github_repository"):

@@ -139,7 +139,7 @@ class Rehearsal:
             if not link.exists():
                 link.symlink_to(REPOSITORY_ROOT / name)
         cdk_json = pinned_cdk_json(json.loads((REPOSITORY_ROOT / "cdk.json").read_text()), generation=generation,
-                                   account=ACCOUNT, region=REGION)
+                                   account=ACCOUNT, region=REGION, one_account=True)
         (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
 
     def cdk(self, *args: str, expect_failure: bool = False) -> subprocess.CompletedProcess:

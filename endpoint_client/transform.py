@@ -197,13 +197,18 @@ def _keys(s3: Any, location: S3Location) -> list[str]:
     return keys
 
 
-def _ensure_log_group(logs: Any) -> None:
-    # All transform jobs of an account log here; the execution role may write to it but not create it.
-    try:
-        logs.create_log_group(logGroupName=TRANSFORM_LOG_GROUP)
-    except ClientError as error:
-        if error_code(error) != "ResourceAlreadyExistsException":
-            raise
+def _require_log_group(logs: Any, config: Any) -> None:
+    """All transform jobs of an account and region log to one group, which the artifacts stack of the environment
+    with ``create_transform_log_group`` owns (retention, the logs key). The execution role may write to it but not
+    create it, and a group this command created would have neither and make that stack's deploy fail ("already
+    exists"), so a missing group stops the job before it starts: it would run without logs."""
+    groups = logs.describe_log_groups(logGroupNamePrefix=TRANSFORM_LOG_GROUP).get("logGroups", [])
+    if not any(group["logGroupName"] == TRANSFORM_LOG_GROUP for group in groups):
+        owner = (f"deploy {config.artifacts_stack_name}, which creates it" if config.create_transform_log_group
+                 else f"{config.key('create_transform_log_group')} is false: deploy the artifacts stack of the "
+                      f"environment of this account and region that creates it")
+        raise CommandError(f"the log group {TRANSFORM_LOG_GROUP} does not exist ({owner}); the job would have no "
+                           f"logs", EXIT_FAILED)
 
 
 def wait(aws: Aws, job: TransformPlan, *, poll_s: float, report: Callable[[str], None],
@@ -261,7 +266,7 @@ def main(argv: Sequence[str]) -> int:
         config = load_config(args)
         aws = aws_for(args, config)
         job = plan(args, aws, config, datetime.now(timezone.utc))
-        _ensure_log_group(aws.client("logs"))
+        _require_log_group(aws.client("logs"), config)
         arn = aws.client("sagemaker").create_transform_job(**job.request({
             "endpoint-kind": args.endpoint, "environment": config.name}))["TransformJobArn"]
         report(f"started {arn}: {len(job.input_keys)} input files, {job.parameters.describe()}, "

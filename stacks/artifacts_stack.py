@@ -4,17 +4,30 @@ It owns the artifact bucket (model archives under ``models/``, image-digest reco
 the bucket that receives its server access logs, and the ECR repository for the adapter images and the
 mirrored llama.cpp DLC image. ``artifacts.removal_policy`` decides what ``cdk destroy`` does with them:
 ``destroy`` empties and deletes them (dev), ``retain`` leaves all three in the account (prod).
+
+It also owns the KMS key that encrypts every log group of the environment (the builds', the endpoints', and
+SageMaker's transform-job group, which this stack creates where ``create_transform_log_group`` is true): CloudWatch
+Logs may use it for this account's log groups in this region only. The key and the log groups are retained with
+the artifacts (``EnvironmentConfig.retain_logs``): a retained log group whose key were deleted could not be read.
+
+Every value another stack imports is exported explicitly (``export_value``), so that the export stays whether or
+not any stack imports it at the moment: CloudFormation refuses to remove an export that a stack still imports, and
+an automatic export would disappear with its last importer.
 """
 
 from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks import nag
-from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
+from stacks.config import PINNED_TAG_PREFIX, TRANSFORM_LOG_GROUP, EnvironmentConfig
+from stacks.retention import retention_days
 
 # Tag prefixes the builds push under; the ECR lifecycle keeps the newest images of each.
 IMAGE_TAG_PREFIXES = {"cpu": "cpu-", "gpu": "gpu-", "text_generation": "textgen-"}
@@ -88,11 +101,40 @@ class ArtifactsStack(cdk.Stack):
             empty_on_delete=empty_on_delete,
         )
 
+        retain_logs = cdk.RemovalPolicy.RETAIN if config.retain_logs else cdk.RemovalPolicy.DESTROY
+        self.logs_key = kms.Key(
+            self, "LogsKey", enable_key_rotation=True, removal_policy=retain_logs,
+            pending_window=cdk.Duration.days(30 if config.retain_logs else 7),
+            description=f"{config.name_prefix}: encrypts the environment's CloudWatch log groups")
+        # CloudWatch Logs encrypts and decrypts each log group's events with the key, with the group's ARN as the
+        # encryption context: the condition limits the service to this account's log groups in this region.
+        self.logs_key.add_to_resource_policy(iam.PolicyStatement(
+            sid="CloudWatchLogsEncryptLogGroups",
+            principals=[iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com")],
+            actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+            resources=["*"],
+            conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn": cdk.Arn.format(cdk.ArnComponents(
+                service="logs", resource="log-group", resource_name="*",
+                arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME), self)}}))
+        self.logs_key_arn_export_name = f"{self.stack_name}:LogsKeyArn"
+        self.export_value(self.logs_key.key_arn, name=self.logs_key_arn_export_name)
+
+        # SageMaker's one log group for every transform job of the account and region (python -m endpoint_client
+        # transform): owned here, so that it has a retention and the logs key (the execution role may not create it).
+        self.transform_log_group = None
+        if config.create_transform_log_group:
+            self.transform_log_group = logs.LogGroup(
+                self, "TransformJobLogs", log_group_name=TRANSFORM_LOG_GROUP, encryption_key=self.logs_key,
+                retention=retention_days(config.endpoint_log_retention_days), removal_policy=retain_logs)
+
         # Statements in other stacks name paths in this bucket through this named export, so that cdk-nag's
         # finding ids for their prefix wildcards read '<stack>:ArtifactBucketArn/models/*' rather than a
         # generated export name (see bucket_objects_arn).
         self.bucket_arn_export_name = f"{self.stack_name}:ArtifactBucketArn"
         self.export_value(self.bucket.bucket_arn, name=self.bucket_arn_export_name)
+        # What the build and endpoint stacks refer to, under the names CDK's automatic exports have.
+        for value in (self.bucket.bucket_name, self.repository.repository_name, self.repository.repository_arn):
+            self.export_value(value)
 
         cdk.CfnOutput(self, "ArtifactBucketName", value=self.bucket.bucket_name,
                       description="Model archives (models/) and image-digest records (image-digests/)")
@@ -106,3 +148,7 @@ class ArtifactsStack(cdk.Stack):
     def bucket_objects_finding(self, key_pattern: str) -> str:
         """The cdk-nag IAM5 finding id that bucket_objects_arn(key_pattern) raises when it has a wildcard."""
         return nag.wildcard_resource(f"{self.bucket_arn_export_name}/{key_pattern}")
+
+    def logs_key_in(self, scope: Construct) -> kms.IKey:
+        """The logs key in another stack, through its named export."""
+        return kms.Key.from_key_arn(scope, "LogsKey", cdk.Fn.import_value(self.logs_key_arn_export_name))

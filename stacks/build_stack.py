@@ -7,7 +7,9 @@
 - ``TextGenerationMirror``: copies the pinned llama.cpp DLC image into the image repository byte for byte
   (SageMaker pulls only from private ECR), so its digest stays the public one.
 
-Sources are CDK assets (only ``model_build/`` resp. ``container/``). Each project has a fixed name
+Sources are CDK assets (only ``model_build/`` resp. ``container/``), read from the bootstrap's asset bucket (with
+``kms:Decrypt`` on its key, through S3, where ``bootstrap.kms_key_arn`` names a customer managed key). Log groups
+are encrypted with the environment's logs key and retained where the environment retains its logs. Each project has a fixed name
 (``<prefix>-model-build``, ``-cpu-image-build``, ``-gpu-image-build``, ``-text-generation-mirror``) and its own role,
 which CodeBuild may assume only for that project of this account (``aws:SourceAccount``, ``aws:SourceArn``), and
 that role has exactly the statements written here (tests/cdk/test_cdk_role_calls.py runs every call each build
@@ -53,6 +55,8 @@ class BuildStack(cdk.Stack):
         self._artifacts = artifacts
         bucket, repository = artifacts.bucket, artifacts.repository
 
+        # The environment's logs key (artifacts stack): every project's log group is encrypted with it.
+        self._logs_key = artifacts.logs_key_in(self)
         self.encryption_key = kms.Key(
             self, "BuildEncryptionKey", enable_key_rotation=True, pending_window=cdk.Duration.days(7),
             removal_policy=cdk.RemovalPolicy.DESTROY,
@@ -144,7 +148,9 @@ class BuildStack(cdk.Stack):
             "codebuild.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID},
                                                    "ArnLike": {"aws:SourceArn": project_arn}}),
             description=f"{self._config.name_prefix}: {description}")
-        log_group = logs.LogGroup(self, f"{construct_id}Logs", removal_policy=cdk.RemovalPolicy.DESTROY,
+        log_group = logs.LogGroup(self, f"{construct_id}Logs", encryption_key=self._logs_key,
+                                  removal_policy=(cdk.RemovalPolicy.RETAIN if self._config.retain_logs
+                                                  else cdk.RemovalPolicy.DESTROY),
                                   retention=retention_days(self._config.build.log_retention_days))
         log_group.grant_write(role)
         self.encryption_key.grant(role, "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey")
@@ -156,6 +162,14 @@ class BuildStack(cdk.Stack):
             role.add_to_policy(iam.PolicyStatement(
                 sid="LocateSourceBucket", actions=["s3:GetBucketLocation", "s3:GetBucketAcl"],
                 resources=[source.bucket.bucket_arn]))
+            bootstrap_key = self._config.bootstrap.kms_key_arn
+            if bootstrap_key is not None:
+                # The bootstrap's asset bucket is encrypted with a customer managed key (cdk bootstrap
+                # --bootstrap-kms-key-id / --bootstrap-customer-key): reading the source object decrypts with it,
+                # through S3 only.
+                role.add_to_policy(iam.PolicyStatement(
+                    sid="DecryptSource", actions=["kms:Decrypt"], resources=[bootstrap_key],
+                    conditions={"StringEquals": {"kms:ViaService": f"s3.{self.region}.amazonaws.com"}}))
         project = codebuild.Project(
             self, construct_id, project_name=project_name,
             description=f"{self._config.name_prefix}: {description}",

@@ -57,6 +57,13 @@ _PIN_NAME = re.compile(r"^[a-z0-9._-]{1,64}$")
 _NAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
 _ACCOUNT = re.compile(r"^[0-9]{12}$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-[0-9]$")
+_PARTITION = r"aws(?:-cn|-us-gov)?"
+_OIDC_PROVIDER_ARN = re.compile(
+    rf"^arn:(?P<partition>{_PARTITION}):iam::(?P<account>[0-9]{{12}}):"
+    r"oidc-provider/token\.actions\.githubusercontent\.com$")
+_KMS_KEY_ARN = re.compile(
+    rf"^arn:(?P<partition>{_PARTITION}):kms:(?P<region>[a-z]{{2}}(?:-[a-z]+)+-[0-9]):(?P<account>[0-9]{{12}}):"
+    r"key/[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 class ConfigError(ValueError):
@@ -466,8 +473,29 @@ class ReviewSettings(_Settings):
     # repo:OWNER/REPO:environment:NAME, the only one the role trusts.
     github_environment: Text(_GITHUB_ENVIRONMENT, "a GitHub environment name")
     # The account's IAM OIDC provider for token.actions.githubusercontent.com: created by this stack, or (false) one
-    # that exists already (an account has at most one per URL: set false in the second environment of an account).
+    # that exists already (an account has at most one per URL: set false in the second environment of an account;
+    # load_environment refuses two environments of one account that both create it).
     create_oidc_provider: _checked(_boolean, bool) = True
+    # The existing provider's ARN where create_oidc_provider is false; null: the account's provider for GitHub's URL
+    # (arn:<partition>:iam::<account>:oidc-provider/token.actions.githubusercontent.com).
+    oidc_provider_arn: Text(_OIDC_PROVIDER_ARN, "the ARN of an IAM OIDC provider for "
+                            "token.actions.githubusercontent.com (arn:aws:iam::<account>:oidc-provider/"
+                            "token.actions.githubusercontent.com)") | None = None
+
+    @model_validator(mode="after")
+    def _provider_created_or_named(self):
+        if self.create_oidc_provider and self.oidc_provider_arn is not None:
+            raise _field_problems(type(self).__name__, [(("oidc_provider_arn",), "names an existing provider, but "
+                                  "{key:create_oidc_provider} is true (this stack would create a second one for the "
+                                  "same URL): set it to false", self.oidc_provider_arn)])
+        return self
+
+
+class BootstrapSettings(_Settings):
+    """What `cdk bootstrap` set up that the stacks must know: the key of its asset bucket, where it is a customer
+    managed key (`cdk bootstrap --bootstrap-kms-key-id` or `--bootstrap-customer-key`); null: S3-managed (the
+    default), for which reading the CodeBuild source assets needs no KMS rights."""
+    kms_key_arn: Text(_KMS_KEY_ARN, "a KMS key ARN (arn:aws:kms:<region>:<account>:key/<key id>)") | None = None
 
 
 class EnvironmentConfig(_Settings):
@@ -487,6 +515,11 @@ class EnvironmentConfig(_Settings):
     endpoint_log_retention_days: _checked(_log_retention, int)
     monitoring: MonitoringSettings = MonitoringSettings()
     review: ReviewSettings
+    bootstrap: BootstrapSettings = BootstrapSettings()
+    # SageMaker's one log group for every transform job of the account and region, /aws/sagemaker/TransformJobs:
+    # created (with retention and the logs key) by this environment's artifacts stack, or (false) left to another
+    # environment of the same account and region (load_environment refuses two that both create it).
+    create_transform_log_group: _checked(_boolean, bool) = True
     # CloudFormation termination protection on every stack of the environment (cdk destroy refuses them).
     termination_protection: _checked(_boolean, bool) = False
 
@@ -504,11 +537,43 @@ class EnvironmentConfig(_Settings):
                 "region": data.get("region") or required.get("region") or context["default_region"]}
 
     @model_validator(mode="after")
-    def _each_kind_once(self):
-        repeats = _repeats("endpoints", self.endpoints, lambda kind, first: f"{kind!r} is listed twice")
-        if repeats:
-            raise _field_problems(type(self).__name__, repeats)
+    def _cross_field_checks(self):
+        problems = _repeats("endpoints", self.endpoints, lambda kind, first: f"{kind!r} is listed twice")
+        for kind in ENDPOINT_KINDS:
+            pin = getattr(self.pins.images, kind)
+            if pin is not None and pin.repository is not None and self.region is not None \
+                    and pin.repository.region != self.region:
+                # SageMaker pulls an endpoint's or a transform job's image from ECR in its own region only.
+                problems.append((("pins", "images", kind), f"{pin.repository.uri}@{pin.digest} is in "
+                                 f"{pin.repository.region}, but this environment deploys to {self.region}: SageMaker "
+                                 f"pulls images only from ECR in the endpoint's region (copy the image into "
+                                 f"{self.region}, e.g. with the text-generation mirror build, and pin that)",
+                                 f"{pin.repository.uri}@{pin.digest}"))
+        review = self.review
+        if review.oidc_provider_arn is not None and self.account is not None:
+            provider_account = _OIDC_PROVIDER_ARN.match(review.oidc_provider_arn)["account"]
+            if provider_account != self.account:
+                problems.append((("review", "oidc_provider_arn"), f"{review.oidc_provider_arn!r} is in account "
+                                 f"{provider_account}, not this environment's {self.account}: a role trusts only its "
+                                 f"own account's OIDC providers", review.oidc_provider_arn))
+        key_arn = self.bootstrap.kms_key_arn
+        if key_arn is not None:
+            key = _KMS_KEY_ARN.match(key_arn)
+            for field in ("account", "region"):
+                mine = getattr(self, field)
+                if mine is not None and key[field] != mine:
+                    problems.append((("bootstrap", "kms_key_arn"), f"{key_arn!r} is in {field} {key[field]}, not "
+                                     f"this environment's {mine}: it must be the key of the bootstrap this "
+                                     f"environment deploys with", key_arn))
+        if problems:
+            raise _field_problems(type(self).__name__, problems)
         return self
+
+    @property
+    def retain_logs(self) -> bool:
+        """True: log groups (and the key that encrypts them) survive cdk destroy; follows artifacts.removal_policy,
+        so an environment whose artifacts are retained (prod) keeps its logs too."""
+        return self.artifacts.retain
 
     def key(self, *parts: str) -> str:
         """The cdk.json key path of a setting of this environment, for messages."""
@@ -566,12 +631,69 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
     if env_name not in environments:
         raise ConfigError([f"env: {env_name!r} is not an environment in cdk.json (one of: {names})"])
     root = f"environments.{env_name}"
+    shared = _shared_resource_problems(environments, env_name, default_account, default_region)
     try:
-        return EnvironmentConfig.model_validate(environments[env_name], context={
+        config = EnvironmentConfig.model_validate(environments[env_name], context={
             "name": str(env_name), "model_pins": tuple(model_pins), "default_account": default_account,
             "default_region": default_region})
     except ValidationError as error:
-        raise ConfigError([_message(root, problem) for problem in error.errors()]) from None
+        raise ConfigError([_message(root, problem) for problem in error.errors()] + shared) from None
+    if shared:
+        raise ConfigError(shared)
+    return config
+
+
+def _get(data: Any, *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if not isinstance(data, Mapping) or key not in data:
+            return default
+        data = data[key]
+    return data
+
+
+def _shared_resource_problems(environments: Mapping[str, Any], env_name: str, default_account: str | None,
+                              default_region: str | None) -> list[str]:
+    """Resources an account (and region) has at most one of, which an environment creates: GitHub's OIDC provider
+    (one per account and URL) and SageMaker's transform log group (one per account and region). Two environments
+    that would both create one in the same place collide (the second deploy fails: "already exists"), so the
+    chosen environment may create it only where no other environment of cdk.json, located in the same account
+    (and region), does too. An environment's location is its cdk.json account and region, else the CLI's."""
+    def located(name: str, key: str, default: str | None) -> str | None:
+        value = _get(environments[name], key)
+        if isinstance(value, str) and value:
+            return value
+        # An environment that must name its location and does not is refused for that, deploying nowhere.
+        return None if key in _required_location(environments[name]) else default
+
+    def where(name: str, with_region: bool) -> tuple | None:
+        place = (located(name, "account", default_account),) + (
+            (located(name, "region", default_region),) if with_region else ())
+        return None if None in place else place
+
+    resources = (
+        ("review.create_oidc_provider", False, lambda data: bool(_get(data, "review", "github_repository")) and
+         _get(data, "review", "create_oidc_provider", default=True) is True,
+         "an account has one IAM OIDC provider for token.actions.githubusercontent.com: set it to false in every "
+         "environment of the account but one (their review roles then trust that provider; review.oidc_provider_arn "
+         "names it if it is not the account's default ARN)"),
+        ("create_transform_log_group", True, lambda data: _get(data, "create_transform_log_group", default=True)
+         is True,
+         "an account and region have one /aws/sagemaker/TransformJobs log group: set it to false in every "
+         "environment of that account and region but one"),
+    )
+    problems = []
+    for key, with_region, creates, advice in resources:
+        if not creates(environments[env_name]) or where(env_name, with_region) is None:
+            continue
+        others = [name for name in environments if name != env_name and isinstance(environments[name], Mapping)
+                  and creates(environments[name]) and where(name, with_region) == where(env_name, with_region)]
+        if others:
+            place = " ".join(f"{what} {value}" for what, value in zip(("account", "region"),
+                                                                       where(env_name, with_region)))
+            also = ", ".join(f"environments.{name}.{key}" for name in others)
+            problems.append(f"environments.{env_name}.{key}: is true here and in {also}, in the same {place}; "
+                            f"{advice}")
+    return problems
 
 
 def _path(root: str, loc: Sequence[str | int]) -> str:

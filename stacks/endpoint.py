@@ -29,7 +29,8 @@ from stacks.roles import policy_of
 class SageMakerEndpoint(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, image_uri: str,
                  model_data_url: str, execution_role: iam.IRole, volume_key: kms.IKey | None,
-                 alarm_topic: sns.ITopic, log_retention_days: int, tags: dict[str, str]) -> None:
+                 alarm_topic: sns.ITopic, log_retention_days: int, log_key: kms.IKey, retain_logs: bool,
+                 tags: dict[str, str]) -> None:
         super().__init__(scope, construct_id)
         variant = spec.variant
         if volume_key is not None and variant.has_instance_storage:
@@ -42,8 +43,9 @@ class SageMakerEndpoint(Construct):
         # may write to it but not create it: a log group SageMaker recreated after a destroy would make the next
         # deploy fail with "already exists".
         self.log_group = logs.LogGroup(self, "Logs", log_group_name=f"/aws/sagemaker/Endpoints/{spec.endpoint_name}",
-                                       retention=retention_days(log_retention_days),
-                                       removal_policy=cdk.RemovalPolicy.DESTROY)
+                                       retention=retention_days(log_retention_days), encryption_key=log_key,
+                                       removal_policy=(cdk.RemovalPolicy.RETAIN if retain_logs
+                                                       else cdk.RemovalPolicy.DESTROY))
         self.log_group.grant_write(execution_role)
         self.log_group.grant(execution_role, "logs:DescribeLogStreams")
         self.metric_filters = [

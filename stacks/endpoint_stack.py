@@ -30,7 +30,8 @@ from stacks.endpoint_specs import INSTANCE_NAMESPACE, TRANSFORM_INSTANCE_NAMESPA
 
 class EndpointStack(cdk.Stack):
     def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, artifacts: ArtifactsStack,
-                 alarm_topic: sns.ITopic, name_prefix: str, log_retention_days: int, **kwargs) -> None:
+                 alarm_topic: sns.ITopic, name_prefix: str, log_retention_days: int, retain_logs: bool,
+                 **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.spec, self._artifacts = spec, artifacts
         self.endpoint: SageMakerEndpoint | None = None
@@ -91,6 +92,7 @@ class EndpointStack(cdk.Stack):
             self, "Endpoint", spec=spec, image_uri=self._image_uri(), execution_role=role,
             model_data_url=f"s3://{artifacts.bucket.bucket_name}/{model.s3_key}", volume_key=self.volume_key,
             alarm_topic=alarm_topic, log_retention_days=log_retention_days,
+            log_key=artifacts.logs_key_in(self), retain_logs=retain_logs,
             tags={"endpoint-kind": spec.kind, "image-digest": spec.image.digest,
                   "model-gguf-sha256": model.gguf_sha256})
         cdk.CfnOutput(self, "EndpointName", value=self.endpoint.endpoint.attr_endpoint_name,

@@ -59,6 +59,12 @@ class MonitoringStack(cdk.Stack):
         for spec in deployed:
             self.dashboard.add_widgets(*_endpoint_row(spec))
 
+        # The endpoint stacks import the topic. Exported explicitly (under the automatic export's name), so that
+        # the export stays while no endpoint is deployed: an automatic export would go with its last importer, and
+        # CloudFormation refuses to delete an export that a stack still imports (the deploy that removes the last
+        # endpoint would fail).
+        self.export_value(self.alarm_topic.topic_arn)
+
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn,
                       description="Every endpoint alarm; subscribe here (cdk.json monitoring.alarm_emails)")
         cdk.CfnOutput(self, "DashboardName", value=self.dashboard.dashboard_name,

@@ -11,7 +11,8 @@ GitHub's OIDC provider vouches for the job: the role trusts tokens with audience
 ``sub`` is ``repo:<github_repository>:environment:<github_environment>``, i.e. a job of this repository running in
 that GitHub environment (prod's has required reviewers, so no prod credentials before a reviewer approves). The
 account's provider for token.actions.githubusercontent.com is created here unless ``create_oidc_provider`` is
-false (an account has one per URL). Without ``github_repository`` the stack holds a placeholder and synthesis warns.
+false (an account has one per URL; config refuses two environments of one account that both create it), in which
+case the role trusts ``oidc_provider_arn`` or, without it, the account's provider for that URL. Without ``github_repository`` the stack holds a placeholder and synthesis warns.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class ReviewStack(cdk.Stack):
                 f"the repository (docs/deploy.md, Review in pull requests).")
             cdk.CfnWaitConditionHandle(self, "NoReviewRoleYet")
             return
-        provider_arn = cdk.Arn.format(cdk.ArnComponents(
+        provider_arn = review.oidc_provider_arn or cdk.Arn.format(cdk.ArnComponents(
             service="iam", region="", resource="oidc-provider", resource_name=GITHUB_OIDC_HOST), self)
         provider = None
         if review.create_oidc_provider:

@@ -213,8 +213,10 @@ def requests_of_operation(operation: Operation, *, partition: str = "aws") -> li
 
 # --- what the services themselves do with a role ----------------------------------------------------------------
 
-def codebuild_service_requests(deployment: Deployment, stack: str, project: dict[str, Any]) -> list[Request]:
-    """CodeBuild's own calls with a project's role: its log group (LogsConfig) and its S3 source."""
+def codebuild_service_requests(deployment: Deployment, stack: str, project: dict[str, Any],
+                               bootstrap_key: str | None = None) -> list[Request]:
+    """CodeBuild's own calls with a project's role: its log group (LogsConfig) and its S3 source; with
+    ``bootstrap_key`` (the bootstrap bucket's customer managed key), S3's decryption of the source with it."""
     properties = deployment.resolve(stack, project["Properties"])
     group = properties["LogsConfig"]["CloudWatchLogs"]["GroupName"]
     streams = f"arn:{deployment.partition}:logs:{deployment.region}:{deployment.account}:log-group:{group}:" \
@@ -228,6 +230,11 @@ def codebuild_service_requests(deployment: Deployment, stack: str, project: dict
                   for a in ("s3:GetObject", "s3:GetObjectVersion")]
         found += [Request(a, f"arn:{deployment.partition}:s3:::{bucket}", source="CodeBuild: Source")
                   for a in ("s3:GetBucketLocation", "s3:GetBucketAcl")]
+        if bootstrap_key is not None:
+            # GetObject of an SSE-KMS object: S3 decrypts the data key with the caller's rights, via S3.
+            found.append(Request("kms:Decrypt", bootstrap_key,
+                                 {"kms:ViaService": f"s3.{deployment.region}.amazonaws.com"},
+                                 source="CodeBuild: Source (SSE-KMS)"))
     return found
 
 

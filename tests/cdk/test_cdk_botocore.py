@@ -95,6 +95,8 @@ class Resolver:
             return repository
         if "ImageRepository" in export_name and "Arn" in export_name:
             return f"arn:aws:ecr:{REGION}:{ACCOUNT}:repository/{repository}"
+        if export_name.endswith(":LogsKeyArn"):
+            return f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1a2b3c4d-1a2b-1a2b-1a2b-1a2b3c4d5e6f"
         if "RefAlarmTopic" in export_name:
             return f"arn:aws:sns:{REGION}:{ACCOUNT}:decision-monitoring-AlarmTopic-1A2B3C4D"
         raise AssertionError(f"unexpected import {export_name}")

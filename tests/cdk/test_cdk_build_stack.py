@@ -78,7 +78,9 @@ def test_projects_log_to_their_own_log_group_with_retention(pinned):
     assert len(log_groups) == 4
     days = {"dev": 30, "prod": 90}[pinned.env]
     assert {g["Properties"]["RetentionInDays"] for g in log_groups.values()} == {days}
-    assert all(g["DeletionPolicy"] == "Delete" for g in log_groups.values())
+    # prod retains its logs (artifacts.removal_policy: retain), dev destroys them with the stack.
+    expected = {"dev": "Delete", "prod": "Retain"}[pinned.env]
+    assert all(g["DeletionPolicy"] == expected for g in log_groups.values())
     for name in PROJECTS:
         logs = project(pinned, name)["Properties"]["LogsConfig"]["CloudWatchLogs"]
         assert logs["Status"] == "ENABLED" and flatten(logs["GroupName"]).startswith(f"<{name}Logs")

@@ -263,3 +263,128 @@ def test_the_environment_must_be_chosen(env_name, expected):
     context = context_for("dev")
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         load_environment(context["environments"], env_name, model_pins=cdk_app.model_pin_names())
+
+
+# --- issue 33, item 5: resources an account has once; pins from another region; the bootstrap's key ----------
+
+OTHER_ACCOUNT = "444455556666"
+PROVIDER = "arn:aws:iam::111122223333:oidc-provider/token.actions.githubusercontent.com"
+BOOTSTRAP_KEY = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+def both(env_edits):
+    """cdk.json's context (pinned, both environments given a repository) with edits per environment name."""
+    context = context_for("prod")
+    for name, environment in context["environments"].items():
+        environment["review"]["github_repository"] = "example-org/decision-models"
+        for edit in env_edits.get(name, ()):
+            edit(environment)
+    return context["environments"]
+
+
+def located(account, region="eu-west-1"):
+    return lambda e: (e.__setitem__("account", account), e.__setitem__("region", region))
+
+
+@pytest.mark.parametrize("env", ["dev", "prod"])
+@pytest.mark.parametrize("key, dev_edits, expected", [
+    ("review.create_oidc_provider", [located("111122223333")],
+     "is true here and in environments.{other}.review.create_oidc_provider, in the same account 111122223333; an "
+     "account has one IAM OIDC provider"),
+    ("create_transform_log_group", [located("111122223333"), setting("review.create_oidc_provider", False)],
+     "is true here and in environments.{other}.create_transform_log_group, in the same account 111122223333 region "
+     "eu-west-1; an account and region have one /aws/sagemaker/TransformJobs log group"),
+])
+def test_two_environments_of_one_account_may_not_both_create_its_singletons(env, key, dev_edits, expected):
+    environments = both({"dev": dev_edits})
+    other = "prod" if env == "dev" else "dev"
+    with pytest.raises(ConfigError) as error:
+        load_environment(environments, env, model_pins=cdk_app.model_pin_names())
+    assert f"environments.{env}.{key}: " + expected.format(other=other) in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("dev_edits", [
+    [located(OTHER_ACCOUNT)],                                                       # another account
+    [located("111122223333", "us-east-1"), setting("review.create_oidc_provider", False)],  # another region
+    [located("111122223333"), setting("review.create_oidc_provider", False),
+     setting("create_transform_log_group", False)],                                 # dev uses prod's
+    [located("111122223333"), setting("review.create_oidc_provider", False), setting("review.oidc_provider_arn",
+     PROVIDER), setting("create_transform_log_group", False)],                     # ... named by its ARN
+    [],                                                                             # dev's account unknown
+], ids=["other-account", "other-region", "one-creates", "arn-named", "unknown-account"])
+def test_one_creator_per_account_is_accepted(dev_edits):
+    environments = both({"dev": dev_edits})
+    for env in ("dev", "prod"):
+        load_environment(environments, env, model_pins=cdk_app.model_pin_names())
+
+
+def test_a_null_account_is_the_callers():
+    """dev without an account deploys to the caller's: the same account as prod's, there."""
+    environments = both({})
+    with pytest.raises(ConfigError, match="environments.dev.review.create_oidc_provider: is true here"):
+        load_environment(environments, "dev", model_pins=cdk_app.model_pin_names(), default_account="111122223333",
+                         default_region="eu-west-1")
+
+
+def test_an_existing_provider_is_named_by_its_arn():
+    config = parse(edit=lambda e: e["review"].update(create_oidc_provider=False, oidc_provider_arn=PROVIDER))
+    assert config.review.oidc_provider_arn == PROVIDER and not config.review.create_oidc_provider
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda e: e["review"].update(oidc_provider_arn=PROVIDER),
+     "environments.prod.review.oidc_provider_arn: names an existing provider, but "
+     "environments.prod.review.create_oidc_provider is true"),
+    (lambda e: e["review"].update(create_oidc_provider=False, oidc_provider_arn=PROVIDER.replace("111122223333",
+                                                                                                  OTHER_ACCOUNT)),
+     f"environments.prod.review.oidc_provider_arn: '{PROVIDER.replace('111122223333', OTHER_ACCOUNT)}' is in "
+     f"account {OTHER_ACCOUNT}, not this environment's 111122223333"),
+    (lambda e: e["review"].update(create_oidc_provider=False, oidc_provider_arn="arn:aws:iam::111122223333:"
+                                  "oidc-provider/gitlab.com"),
+     "environments.prod.review.oidc_provider_arn: 'arn:aws:iam::111122223333:oidc-provider/gitlab.com' is not the "
+     "ARN of an IAM OIDC provider for token.actions.githubusercontent.com"),
+    (setting("bootstrap", {"kms_key_arn": "alias/cdk"}),
+     "environments.prod.bootstrap.kms_key_arn: 'alias/cdk' is not a KMS key ARN"),
+    (setting("bootstrap", {"kms_key_arn": BOOTSTRAP_KEY.replace("eu-west-1", "us-east-1")}),
+     "environments.prod.bootstrap.kms_key_arn: '" + BOOTSTRAP_KEY.replace("eu-west-1", "us-east-1") + "' is in "
+     "region us-east-1, not this environment's eu-west-1"),
+    (setting("bootstrap", {"kms_key_arn": BOOTSTRAP_KEY.replace("111122223333", OTHER_ACCOUNT)}),
+     f"environments.prod.bootstrap.kms_key_arn: '{BOOTSTRAP_KEY.replace('111122223333', OTHER_ACCOUNT)}' is in "
+     f"account {OTHER_ACCOUNT}, not this environment's 111122223333"),
+    (setting("create_transform_log_group", "no"),
+     "environments.prod.create_transform_log_group: expected true or false"),
+], ids=["arn-and-create", "arn-other-account", "arn-not-github", "key-not-arn", "key-other-region",
+        "key-other-account", "transform-flag"])
+def test_shared_resource_settings_are_checked(edit, expected):
+    with pytest.raises(ConfigError) as error:
+        parse("prod", edit=edit)
+    assert expected in str(error.value), str(error.value)
+
+
+def test_the_bootstrap_key_is_read():
+    assert parse("prod").bootstrap.kms_key_arn is None
+    assert parse("prod", edit=setting("bootstrap", {"kms_key_arn": BOOTSTRAP_KEY})).bootstrap.kms_key_arn == \
+        BOOTSTRAP_KEY
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu", "text_generation"])
+@pytest.mark.parametrize("registry_region", ["us-east-1", "eu-central-1"])
+def test_an_image_pin_from_another_regions_registry_is_refused(kind, registry_region):
+    uri = f"763104351884.dkr.ecr.{registry_region}.amazonaws.com/llama-cpp@{DLC_DIGEST}"
+    with pytest.raises(ConfigError) as error:
+        parse("prod", edit=setting(f"pins.images.{kind}", uri))
+    assert f"environments.prod.pins.images.{kind}: {uri} is in {registry_region}, but this environment deploys to " \
+           f"eu-west-1: SageMaker pulls images only from ECR in the endpoint's region" in str(error.value)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu", "text_generation"])
+def test_an_image_pin_from_the_environments_region_is_accepted(kind):
+    uri = f"763104351884.dkr.ecr.eu-west-1.amazonaws.com/llama-cpp@{DLC_DIGEST}"
+    assert getattr(parse("prod", edit=setting(f"pins.images.{kind}", uri)).pins.images, kind).repository.region \
+        == "eu-west-1"
+    # An environment whose region is the caller's, and the caller has none: nothing to compare with yet.
+    assert parse("dev", edit=setting(f"pins.images.{kind}", uri.replace("eu-west-1", "us-east-1"))).region is None
+
+
+def test_prod_retains_its_logs_and_dev_does_not():
+    assert parse("prod").retain_logs is True and parse("dev").retain_logs is False

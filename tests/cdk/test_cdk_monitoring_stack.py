@@ -132,3 +132,40 @@ def test_prod_stacks_have_termination_protection_and_dev_stacks_do_not(pinned, k
     artifact = pinned.manifest()["artifacts"][pinned.stack_name(kind)]
     protected = artifact["properties"].get("terminationProtection", False)
     assert protected is (pinned.env == "prod")
+
+
+def exports(synth, kind):
+    return {output["Export"]["Name"]: output["Value"] for output in synth.template(kind).get("Outputs", {}).values()
+            if "Export" in output}
+
+
+@pytest.mark.parametrize("without", [
+    lambda e: e.__setitem__("endpoints", []),
+    lambda e: e["pins"].__setitem__("model", None),
+], ids=["no-endpoint-listed", "nothing-pinned"])
+def test_the_exports_do_not_depend_on_endpoints(dev, without):
+    """Removing the last endpoint must not remove an export: CloudFormation refuses to delete an export that a stack
+    still imports, so the monitoring (and artifacts) stack's deploy would fail while the endpoint stacks import it."""
+    bare = cdk_testkit.synthesized_with("dev", without)
+    assert not any(bare.resources(stack, "AWS::SageMaker::Endpoint") for stack in cdk_testkit.ENDPOINT_STACKS.values())
+    for kind in ("monitoring", "artifacts"):
+        assert exports(bare, kind) == exports(dev, kind), kind
+    assert f"{dev.prefix}-monitoring:ExportsOutputRefAlarmTopicD01E77F99DF7FB73" in exports(bare, "monitoring")
+
+
+def test_every_import_names_an_export_of_the_environment(dev):
+    exported = {name for kind in cdk_testkit.STACK_KINDS for name in exports(dev, kind)}
+    imported = set()
+
+    def walk(value):
+        if isinstance(value, dict):
+            if "Fn::ImportValue" in value:
+                imported.add(value["Fn::ImportValue"])
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+    for _, template in dev.templates():
+        walk(template)
+    assert imported and imported <= exported

@@ -81,3 +81,12 @@ def test_an_account_that_has_the_provider_already_refers_to_it():
     (role,) = synth.resources("review", "AWS::IAM::Role").values()
     principal = role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Federated"]
     assert cdk_testkit.flatten(principal).endswith(":oidc-provider/token.actions.githubusercontent.com")
+
+
+def test_an_existing_provider_named_by_its_arn_is_trusted():
+    arn = "arn:aws:iam::111122223333:oidc-provider/token.actions.githubusercontent.com"
+    synth = cdk_testkit.synthesized_with("dev", lambda e: e["review"].update(create_oidc_provider=False,
+                                                                             oidc_provider_arn=arn))
+    assert synth.resources("review", "AWS::IAM::OIDCProvider") == {}
+    (role,) = synth.resources("review", "AWS::IAM::Role").values()
+    assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Federated"] == arn

@@ -240,3 +240,39 @@ def test_both_sides_of_a_pipe_are_recorded_whole(tmp_path):
     assert sorted(map(tuple, commands)) == sorted(
         [("aws", "ecr", "get-login-password", "--region", "eu-west-1")] * 200
         + [("docker", "login", "--username", "AWS", "--password-stdin", "1.dkr")] * 200)
+
+
+BOOTSTRAP_KEY = f"arn:aws:kms:{EXAMPLE_REGION}:{EXAMPLE_ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+# The key policy of the key `cdk bootstrap --bootstrap-customer-key` creates, as far as the account's roles are
+# concerned: the account (root) may use it, i.e. IAM policies decide (KMS needs the key policy to say so).
+BOOTSTRAP_KEY_POLICY = {"Version": "2012-10-17", "Statement": [{
+    "Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{EXAMPLE_ACCOUNT}:root"}, "Action": "kms:*",
+    "Resource": "*"}]}
+
+
+def test_a_bootstrap_with_a_customer_key_lets_the_builds_decrypt_their_source_and_nothing_else():
+    """cdk bootstrap --bootstrap-kms-key-id: the asset bucket's objects are SSE-KMS, so CodeBuild's read of the
+    source needs kms:Decrypt on that key (bootstrap.kms_key_arn), through S3 only; without the setting no role has
+    it."""
+    keyed = cdk_testkit.synthesized_with("prod", lambda e: e.__setitem__("bootstrap", {"kms_key_arn": BOOTSTRAP_KEY}))
+    for synth, expected in ((keyed, "Allowed"), (cdk_testkit.synthesized("prod"), "ImplicitlyDenied")):
+        deployment = Deployment(synth.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
+        stack, found = projects((synth, deployment))
+        with_source = {lid: p for lid, p in found.items() if p["Properties"]["Source"]["Type"] == "S3"}
+        assert len(with_source) == 3
+        for logical_id, project in with_source.items():
+            role = role_of(deployment, stack, project)
+            requests = role_calls.codebuild_service_requests(deployment, stack, project, bootstrap_key=BOOTSTRAP_KEY)
+            (decrypt,) = [r for r in requests if r.action == "kms:Decrypt"]
+            assert not denied(verdicts_for(deployment, stack, role, [r for r in requests if r is not decrypt]))
+
+            def with_key(*kms_requests):
+                return [v.result for v in evaluate(deployment.arn(stack, role), deployment.account, kms_requests,
+                                                   identity_policies=deployment.role_policies(stack, role),
+                                                   resource_policy=BOOTSTRAP_KEY_POLICY)]
+            assert with_key(decrypt) == [expected], logical_id
+            if expected == "Allowed":
+                assert with_key(
+                    Request("kms:Decrypt", BOOTSTRAP_KEY.replace("1234abcd", "5678abcd"), decrypt.context),
+                    Request("kms:Decrypt", BOOTSTRAP_KEY, {}, source="not through S3"),
+                    Request("kms:Encrypt", BOOTSTRAP_KEY, decrypt.context)) == ["ImplicitlyDenied"] * 3

@@ -15,6 +15,7 @@ import pytest
 
 import loopback_servers
 from registry_testkit import ACCOUNT, FAKE_CREDENTIALS, REGION, REPOSITORY_ROOT, manifest, push
+from stacks.config import TRANSFORM_LOG_GROUP
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +93,11 @@ def deployment(moto_server, aws_environment, tmp_path, request):
     cloudformation = boto3.client("cloudformation", region_name=REGION, endpoint_url=moto_server)
     for name in [s["StackName"] for s in cloudformation.describe_stacks()["Stacks"]]:
         cloudformation.delete_stack(StackName=name)
+    # The artifacts stack owns SageMaker's transform log group (create_transform_log_group); moto's server is shared,
+    # so a test that removed it gets it back.
+    logs = boto3.client("logs", region_name=REGION, endpoint_url=moto_server)
+    if not logs.describe_log_groups(logGroupNamePrefix=TRANSFORM_LOG_GROUP)["logGroups"]:
+        logs.create_log_group(logGroupName=TRANSFORM_LOG_GROUP)
     _stack(cloudformation, f"{prefix}-artifacts", {
         "ArtifactBucketName": bucket, "ImageRepositoryUri": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{repository}"})
     found = Deployment(url=moto_server, root=tmp_path, prefix=prefix, bucket=bucket, repository=repository,

@@ -56,6 +56,25 @@ def test_a_job_runs_the_stacks_model_over_json_lines_and_reports_the_output(depl
     assert [g["logGroupName"] for g in groups["logGroups"]] == ["/aws/sagemaker/TransformJobs"]
 
 
+@pytest.mark.parametrize("owner, expected", [
+    (True, "deploy decision-dev-artifacts, which creates it"),
+    (False, "environments.dev.create_transform_log_group is false: deploy the artifacts stack of the environment"),
+])
+def test_without_the_transform_log_group_no_job_starts(deployment, endpoint_stack, capsys, owner, expected):
+    """The artifacts stack owns /aws/sagemaker/TransformJobs (retention, the logs key); the command never creates it,
+    which would leave a group without either and make that stack's deploy fail."""
+    deployment.write_cdk_json(lambda e: e.__setitem__("create_transform_log_group", owner))
+    deployment.client("logs").delete_log_group(logGroupName="/aws/sagemaker/TransformJobs")
+    source = put_inputs(deployment)
+    code, out, err = run(deployment, "--input", source, "--job-name", "decision-dev-cpu-nologs", capsys=capsys)
+    assert code == 1 and out == ""
+    assert "the log group /aws/sagemaker/TransformJobs does not exist (" + expected in err
+    assert deployment.client("logs").describe_log_groups(
+        logGroupNamePrefix="/aws/sagemaker/TransformJobs")["logGroups"] == []
+    jobs = deployment.client("sagemaker").list_transform_jobs()["TransformJobSummaries"]
+    assert "decision-dev-cpu-nologs" not in [job["TransformJobName"] for job in jobs]
+
+
 @pytest.fixture
 def container():
     """A loopback stand-in for the container's GET /execution-parameters; the test sets ``answer[0]``."""
