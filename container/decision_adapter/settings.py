@@ -106,7 +106,9 @@ class Settings:
                                 "Orderings of the options each decision is scored in and averaged over, unless the "
                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
                                 "make the answer independent of it, for about K times the question's tokens "
-                                "(docs/accuracy.md says which to choose).", ge=1, le=16)
+                                "(docs/accuracy.md says which to choose). `make run` uses 16 (every ordering, "
+                                "capped at the number of options) with the embedded model unless this is set.",
+                                ge=1, le=16)
     debias: DebiasModeName = setting(
         "ADAPTER_DEBIAS", DEFAULT_MODE, "Content-free calibration of each decision unless the request says (debias, "
         "x_debias): off; a state prior (empty, content-free: the question and options scored with the state "
