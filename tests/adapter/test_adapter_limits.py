@@ -768,3 +768,32 @@ def test_the_deadline_counts_from_arrival_while_the_request_waits_for_a_thread(m
         prompt.close()
         assert status == 200, answer
         assert _log_line(process, "answered-at-once")["waited_s"] < 1
+
+
+@pytest.mark.parametrize("path, headers, sent", [
+    ("/invocations", b"Content-Length: 400\r\n", b'{"decision": {"id": "d", "state": "'),
+    ("/v1/systemone", b"Content-Length: 400\r\n", b'{"model": "jev-latest", "state": "'),
+    ("/invocations", b"Transfer-Encoding: chunked\r\n", b'40\r\n{"decision": {"id": "d", "state": '),
+])
+def test_a_body_that_stalls_is_refused_408_and_gives_back_its_place_and_thread(model_dir, example, path, headers,
+                                                                               sent):
+    """A client that sends its headers and then part of its body holds a place in admission and a thread only
+    until ADAPTER_BODY_TIMEOUT_S: then a 408 naming the body, in the route's error shape; the place is free again
+    (with one place, the next request is answered) and so is the thread."""
+    timeout_s = 2
+    with live_server(str(model_dir), ADAPTER_BODY_TIMEOUT_S=str(timeout_s), ADAPTER_QUEUE_DEPTH="1") as (base, _):
+        started = time.monotonic()
+        stalled = _raw(base, b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s\r\n%s"
+                       % (path.encode(), headers, sent))
+        try:
+            status, answer, answered = _response(stalled)
+            assert stalled.recv(1) == b"", "the connection is closed after the 408"
+        finally:
+            stalled.close()
+        assert status == 408, answer
+        message = answer["error"] if path == "/invocations" else answer["detail"]["message"]
+        assert "body" in message and f"{timeout_s} s" in message, answer
+        assert timeout_s - 0.2 <= answered - started < timeout_s + 3
+        ping = requests.get(f"{base}/ping", timeout=10).json()
+        assert ping["admitted"] == 0 and ping["capacity"] == 1, ping
+        assert requests.post(f"{base}/invocations", json=example, timeout=60).status_code == 200
