@@ -1,4 +1,5 @@
-"""HTTP helpers both blueprints use: media types, the body within its limits and its deadline, JSON responses."""
+"""HTTP helpers both blueprints use: media types, what the client accepts, the body within its limits and its
+deadline, JSON responses."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import threading
 from typing import Any
 
 from flask import Response, request
+from werkzeug.datastructures import MIMEAccept
+from werkzeug.http import dump_options_header, parse_options_header
 
 from ..errors import ApiError
 from . import bodies
@@ -78,6 +81,30 @@ class BodyDeadline:
             self._done = True
         if self._timer is not None:
             self._timer.cancel()
+
+
+def require_accept(produces: frozenset[str]) -> None:
+    """A 406 naming the ``Accept`` header when it is sent and admits none of ``produces`` (the route's answers) nor
+    application/json (its errors); absent, empty, ``*/*``, ``application/*`` and q-values are werkzeug's
+    ``MIMEAccept``'s to judge (``q=0`` refuses a type). Every answer is UTF-8, so ``charset=utf-8`` on a type the
+    client names is dropped before matching (``MIMEAccept`` matches a type with parameters only to an offer with
+    the same ones); another charset is not answered."""
+    accept = request.accept_mimetypes
+    types = sorted(produces | JSON_TYPES)
+    if not accept or _without_utf8_charset(accept).best_match(types) is not None:
+        return
+    raise ApiError(406, f"the Accept header admits no type this route answers with: it answers {', '.join(types)} "
+                        f"(got Accept: {request.headers.get('Accept')})")
+
+
+def _without_utf8_charset(accept: MIMEAccept) -> MIMEAccept:
+    values = []
+    for value, quality in accept:
+        kind, params = parse_options_header(value)
+        if params.get("charset", "").lower() in ("utf-8", "utf8"):
+            del params["charset"]
+        values.append((dump_options_header(kind, params), quality))
+    return MIMEAccept(values)
 
 
 def media_type() -> str:
