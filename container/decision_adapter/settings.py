@@ -163,6 +163,11 @@ class Settings:
                                        "at the measured speed gets 503 at once (400 when its own work alone can never "
                                        "fit), and one still running at it is stopped inside llama_decode.",
                                        ge=0.1, le=3600.0)
+    body_timeout_s: float = setting("ADAPTER_BODY_TIMEOUT_S", 20.0,
+                                    "Seconds a request's body may take to arrive once the server starts reading it "
+                                    "(sent whole, not per read): a client still sending then gets 408 naming the "
+                                    "body, and its place in admission and its thread are given back.",
+                                    ge=0.1, le=3600.0)
     batch_timeout_s: int = setting("ADAPTER_BATCH_TIMEOUT_S", 3600,
                                    "The InvocationsTimeoutInSeconds Batch Transform gives one mini-batch (what "
                                    "`python -m endpoint_client transform` sends; SageMaker allows 1 to 3600). With "

@@ -182,6 +182,40 @@ def test_content_type_charset(client, example, content_type, status):
     assert response.status_code == status, response.get_json()
 
 
+ANSWERED, NOT_ACCEPTABLE = 200, 406
+
+
+@pytest.mark.parametrize("path, accept, status", [
+    ("/invocations", None, ANSWERED), ("/invocations", "", ANSWERED), ("/invocations", "*/*", ANSWERED),
+    ("/invocations", "application/*", ANSWERED), ("/invocations", "application/json", ANSWERED),
+    ("/invocations", "application/json; charset=utf-8", ANSWERED), ("/invocations", "*/*; charset=UTF-8", ANSWERED),
+    ("/invocations", "application/json; charset=latin-1", NOT_ACCEPTABLE),
+    ("/invocations", "application/jsonlines", ANSWERED),  # what a Batch Transform job asks for
+    ("/invocations", "application/x-ndjson", ANSWERED),
+    ("/invocations", "text/html, application/json;q=0.1", ANSWERED),
+    ("/invocations", "text/html, */*;q=0.01", ANSWERED),
+    ("/invocations", "text/html", NOT_ACCEPTABLE), ("/invocations", "text/plain, image/png", NOT_ACCEPTABLE),
+    ("/invocations", "application/json;q=0, application/jsonlines;q=0", NOT_ACCEPTABLE),
+    ("/invocations", "*/*;q=0", NOT_ACCEPTABLE), ("/invocations", "garbage", NOT_ACCEPTABLE),
+    ("/v1/systemone", None, ANSWERED), ("/v1/systemone", "*/*", ANSWERED), ("/v1/systemone", "application/*", ANSWERED),
+    ("/v1/systemone", "application/json", ANSWERED), ("/v1/systemone", "text/html;q=0.9, application/json;q=0.2", ANSWERED),
+    ("/v1/systemone", "application/jsonlines", NOT_ACCEPTABLE), ("/v1/systemone", "text/event-stream", NOT_ACCEPTABLE),
+    ("/v1/systemone", "*/*, application/json;q=0", NOT_ACCEPTABLE),
+])
+def test_an_accept_the_route_cannot_answer_is_refused_406_naming_the_header(client, path, accept, status):
+    """What the route answers with (JSON; JSON lines too on /invocations) is judged by werkzeug's ``MIMEAccept``:
+    wildcards and q-values count, ``q=0`` refuses a type; the 406 is in the route's error shape."""
+    headers = {} if accept is None else {"Accept": accept}
+    body = ex() if path == "/invocations" else s1()
+    response = client.post(path, data=raw(body), content_type="application/json", headers=headers)
+    assert response.status_code == status, response.get_json()
+    assert response.mimetype == "application/json"
+    if status == NOT_ACCEPTABLE:
+        answer = response.get_json()
+        message = answer["error"] if path == "/invocations" else answer["detail"]["message"]
+        assert "Accept" in message and accept in message and "application/json" in message, answer
+
+
 @pytest.fixture(scope="module")
 def keyed_client(settings, engine):
     from adapter_apps import close_app

@@ -698,3 +698,102 @@ def test_the_deadline_counts_from_arrival_not_from_when_the_body_was_read(model_
         assert response.status == 503 and answer["retryable"] is True, answer
         fast = requests.post(f"{base}/invocations", json=slow, timeout=60)
         assert fast.status_code == 200, "the same request sent at once is answered"
+
+
+def _raw(base: str, data: bytes = b""):
+    """A raw connection to the live server, ``data`` sent on it."""
+    import socket
+
+    host, port = base.removeprefix("http://").split(":")
+    connection = socket.create_connection((host, int(port)), timeout=60)
+    if data:
+        connection.sendall(data)
+    return connection
+
+
+def _response(connection) -> tuple[int, dict, float]:
+    """The status and JSON body of the one response on ``connection`` (read until it closes or the body is whole),
+    and when its first byte came (``time.monotonic()``)."""
+    data, first = b"", None
+    while True:
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), None)
+        if length is not None and len(body) >= length:
+            break
+        piece = connection.recv(65536)
+        first = first or time.monotonic()
+        if not piece:
+            break
+        data += piece
+    return int(head.split(b" ", 2)[1]), json.loads(body[:length]) if body else {}, first
+
+
+def _log_line(process, request_id: str) -> dict:
+    for line in process.read_log().splitlines():
+        if line.startswith("{") and f'"{request_id}"' in line:
+            return json.loads(line)
+    raise AssertionError(f"no log line for {request_id}")
+
+
+def test_the_deadline_counts_from_arrival_while_the_request_waits_for_a_thread(model_dir, example):
+    """With every HTTP thread busy, a request waits in gunicorn's pool before any thread reads it: its deadline
+    has counted since the worker handed it over, so a wait past the budget is a retryable 503, and the wait is on its
+    log line (waited_s); the same request sent to an idle server is answered."""
+    budget_s, wait_s = 3, 4.5
+    # ADAPTER_QUEUE_DEPTH=1: three HTTP threads (the place admitted and two spares).
+    with live_server(str(model_dir), ADAPTER_REQUEST_TIMEOUT_S=str(budget_s), ADAPTER_QUEUE_DEPTH="1") as (base, process):
+        late = {"decision": {**example["decision"], "state": "A state nobody sent before, kept waiting."}}
+        body = json.dumps(late).encode()
+        request = (b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Id: "
+                   b"%s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s")
+        # Each thread is held by a request whose headers stop half-way (gunicorn reads headers without a deadline).
+        holders = [_raw(base, b"GET /ping HTTP/1.1\r\nHost: x\r\n") for _ in range(3)]
+        try:
+            time.sleep(0.5)
+            waiting = _raw(base, request % (b"kept-waiting", len(body), body))
+            time.sleep(wait_s)
+            for holder in holders:
+                holder.sendall(b"Connection: close\r\n\r\n")
+            assert [_response(holder)[0] for holder in holders] == [200] * 3
+            status, answer, _ = _response(waiting)
+            waiting.close()
+        finally:
+            for holder in holders:
+                holder.close()
+        assert status == 503 and answer["retryable"] is True, answer
+        assert _log_line(process, "kept-waiting")["waited_s"] >= wait_s - 0.5
+        prompt = _raw(base, request % (b"answered-at-once", len(body), body))
+        status, answer, _ = _response(prompt)
+        prompt.close()
+        assert status == 200, answer
+        assert _log_line(process, "answered-at-once")["waited_s"] < 1
+
+
+@pytest.mark.parametrize("path, headers, sent", [
+    ("/invocations", b"Content-Length: 400\r\n", b'{"decision": {"id": "d", "state": "'),
+    ("/v1/systemone", b"Content-Length: 400\r\n", b'{"model": "jev-latest", "state": "'),
+    ("/invocations", b"Transfer-Encoding: chunked\r\n", b'40\r\n{"decision": {"id": "d", "state": '),
+])
+def test_a_body_that_stalls_is_refused_408_and_gives_back_its_place_and_thread(model_dir, example, path, headers,
+                                                                               sent):
+    """A client that sends its headers and then part of its body holds a place in admission and a thread only
+    until ADAPTER_BODY_TIMEOUT_S: then a 408 naming the body, in the route's error shape; the place is free again
+    (with one place, the next request is answered) and so is the thread."""
+    timeout_s = 2
+    with live_server(str(model_dir), ADAPTER_BODY_TIMEOUT_S=str(timeout_s), ADAPTER_QUEUE_DEPTH="1") as (base, _):
+        started = time.monotonic()
+        stalled = _raw(base, b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s\r\n%s"
+                       % (path.encode(), headers, sent))
+        try:
+            status, answer, answered = _response(stalled)
+            assert stalled.recv(1) == b"", "the connection is closed after the 408"
+        finally:
+            stalled.close()
+        assert status == 408, answer
+        message = answer["error"] if path == "/invocations" else answer["detail"]["message"]
+        assert "body" in message and f"{timeout_s} s" in message, answer
+        assert timeout_s - 0.2 <= answered - started < timeout_s + 3
+        ping = requests.get(f"{base}/ping", timeout=10).json()
+        assert ping["admitted"] == 0 and ping["capacity"] == 1, ping
+        assert requests.post(f"{base}/invocations", json=example, timeout=60).status_code == 200

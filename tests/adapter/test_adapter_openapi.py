@@ -216,6 +216,13 @@ def test_errors_are_as_documented(tight_client, route, body, content_type, statu
     documented(route, "post", response)
 
 
+@pytest.mark.parametrize("route, body", [("/invocations", SYSTEM_ONE), ("/v1/systemone", SYSTEM_ONE)])
+def test_a_406_for_an_accept_the_route_cannot_answer_is_as_documented(client, route, body):
+    response = client.post(route, json=body, headers={"Accept": "text/html"})
+    assert response.status_code == 406
+    documented(route, "post", response)
+
+
 def test_refusals_of_a_full_or_draining_server_are_as_documented(app, client, example):
     admission = app.extensions["decision_adapter"].admission
     held = [admission.try_enter() for _ in range(admission.capacity)]

@@ -90,6 +90,8 @@ def document() -> dict[str, Any]:
     sagemaker_errors = {
         "400": _json(ds.Error, "Bad input: the message names the field."),
         "401": _json(ds.Error, "ADAPTER_API_KEY is set and the bearer key is missing or wrong."),
+        "406": _json(ds.Error, "The Accept header admits neither application/json nor JSON lines."),
+        "408": _json(ds.Error, "The body did not arrive within ADAPTER_BODY_TIMEOUT_S of starting to read it."),
         "413": _json(ds.Error, "The body, sent or decoded, is over ADAPTER_MAX_BODY_BYTES."),
         "415": _json(ds.Error, "Another Content-Type or Content-Encoding."),
         "422": _json(s1.ValidationFailure, "An invalid System One body (System One's shape)."),
@@ -97,6 +99,8 @@ def document() -> dict[str, Any]:
     }
     systemone_errors = {
         "401": _json(s1.SystemOneError, "ADAPTER_API_KEY is set and the bearer key is missing or wrong."),
+        "406": _json(s1.SystemOneError, "The Accept header does not admit application/json."),
+        "408": _json(s1.SystemOneError, "The body did not arrive within ADAPTER_BODY_TIMEOUT_S of starting to read it."),
         "413": _json(s1.SystemOneError, "The body, sent or decoded, is over ADAPTER_MAX_BODY_BYTES."),
         "415": _json(s1.SystemOneError, "Another Content-Type or Content-Encoding."),
         "422": _json(s1.ValidationFailure, "Invalid request: pydantic's errors, located from body."),

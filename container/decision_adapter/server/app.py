@@ -20,7 +20,7 @@ from ..settings import Settings
 from ..startup import Readiness, load_into
 from . import sagemaker, systemone
 from .admission import Admission
-from .inflight import begin, current_request
+from .inflight import ARRIVAL, begin, current_request
 from .logs import log_request
 from .state import EXTENSION, AdapterState
 
@@ -43,8 +43,8 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
 
     @app.before_request
     def start() -> None:
-        """The request arrives: its deadline counts from here, before its body is read."""
-        begin(request.headers.get("X-Request-Id") or uuid.uuid4().hex)
+        """The request begins, before its body is read; its deadline counts from its arrival (``inflight``)."""
+        begin(request.headers.get("X-Request-Id") or uuid.uuid4().hex, request.environ.get(ARRIVAL))
 
     @app.after_request
     def log_it(response: Response) -> Response:

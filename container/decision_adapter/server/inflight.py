@@ -1,9 +1,11 @@
 """The request being handled, in one object: its id, its arrival, its place in admission, its large body's turn
 and its log line.
 
-``begin`` makes it as the request arrives (the app's first hook, before any body is read: a deadline counts from
-here) and keeps it on flask's ``g``; every other module reads and changes it through ``current_request()``.
-Nothing else about a request is kept on ``g``.
+``begin`` makes it in the app's first hook, before any body is read, and keeps it on flask's ``g``; every other
+module reads and changes it through ``current_request()``. Nothing else about a request is kept on ``g``. Its
+arrival, what its deadline counts from, is when the server saw it: under gunicorn the worker stamps the time its
+main thread handed the connection to the thread pool (``worker``; the WSGI environ's ``ARRIVAL``), so that a
+request queued behind busy threads has already spent its wait; elsewhere (tests, a plain WSGI server) it is now.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, Callable
 from flask import g
 
 _KEY = "in_flight"
+# The WSGI environ's key for the request's arrival: (``time.monotonic()``, ``time.perf_counter()``), set by the worker.
+ARRIVAL = "decision_adapter.arrival"
 
 
 @dataclass
@@ -41,8 +45,15 @@ class InFlight:
             self.log[key] = value
 
 
-def begin(request_id: str) -> InFlight:
-    state = InFlight(request_id)
+def begin(request_id: str, arrival: tuple[float, float] | None = None) -> InFlight:
+    """The request's state, arrived at ``arrival`` (the environ's ``ARRIVAL``; None: now). The time it waited for a
+    thread joins its log line (``waited_s``)."""
+    if arrival is None:
+        state = InFlight(request_id)
+    else:
+        arrived, started = arrival
+        state = InFlight(request_id, started=started, arrived=arrived)
+        state.log["waited_s"] = round(max(0.0, time.monotonic() - arrived), 6)
     setattr(g, _KEY, state)
     return state
 

@@ -5,8 +5,9 @@
 and BatchStrategy=MultiRecord), and dispatches each on its keys (``protocols.dispatch``): ``decision``/
 ``decisions`` to the decision schema, ``questions`` to System One, answered and refused in System One's shape
 (``calls.answer_object``). Errors on these routes are ``{"error": "<message naming the field>"}``, plus
-``"retryable": true`` on transient ones. A body of records is answered record by record by ``batch``; its budget,
-like every request's, is the deployment's (``calls.request_budget``), whatever the body.
+``"retryable": true`` on transient ones; an ``Accept`` that admits neither JSON nor JSON lines is a 406. A body of
+records is answered record by record by ``batch``; its budget, like every request's, is the deployment's
+(``calls.request_budget``), whatever the body.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..protocols.dispatch import protocol_of
 from . import batch, bodies, gate
 from .calls import answer_object, request_budget
 from .errors import respond
-from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_body
+from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_body, require_accept
 from .state import current
 
 blueprint = Blueprint("sagemaker", __name__)
@@ -74,6 +75,7 @@ def openapi_document() -> Response:
 
 @blueprint.post("/invocations")
 def invocations() -> Response:
+    require_accept(JSON_TYPES | JSONLINES_TYPES)
     kind = media_type()
     if kind not in JSON_TYPES | JSONLINES_TYPES:
         raise ApiError(415, "Content-Type must be application/json or application/jsonlines "

@@ -16,6 +16,7 @@ from gunicorn.app.base import BaseApplication
 from ..decisions.model_files import ModelFilesError, find_gguf
 from ..settings import Settings, SettingsError
 from . import logs
+from .worker import Worker
 
 
 class PreflightError(RuntimeError):
@@ -50,7 +51,7 @@ class _Gunicorn(BaseApplication):
         for key, value in {
             "bind": f"{s.host}:{s.port}",
             "workers": 1,  # one model copy and one scheduler per process: more workers would split the CPUs
-            "worker_class": "gthread",
+            "worker_class": Worker,  # gthread's, stamping each request's arrival (worker)
             "threads": s.http_threads,
             # The gthread worker heartbeats from its main thread, so a long scoring call does not
             # trip this; it only catches a worker that stopped answering altogether.

@@ -16,7 +16,7 @@ from ..protocols.dispatch import SYSTEM_ONE
 from . import bodies, gate
 from .calls import answer_object, request_budget
 from .errors import respond
-from .http import JSON_TYPES, json_response, media_type, read_body
+from .http import JSON_TYPES, json_response, media_type, read_body, require_accept
 from .inflight import current_request
 from .state import current
 
@@ -39,6 +39,7 @@ blueprint.register_error_handler(Exception, render_error)
 
 @blueprint.post("/systemone")
 def systemone_route() -> Response:
+    require_accept(JSON_TYPES)
     kind = media_type()
     if kind and kind not in JSON_TYPES:
         raise ApiError(415, f"Content-Type must be application/json (got {request.content_type})")
