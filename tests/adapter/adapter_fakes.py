@@ -66,6 +66,9 @@ class FakeEngine:
                 i += 1
         return out
 
+    def fewest_tokens(self, text: str) -> int:
+        return -(-len(text.encode("utf-8")) // self.max_piece_bytes)
+
     def piece(self, token: int) -> bytes:
         return CONTROL[token - 256].encode() if token >= 256 else bytes([token])
 

@@ -20,7 +20,7 @@ import zstandard
 from adapter_fakes import CHATML, FakeEngine, fake_decision_model, fake_model_dir
 from adapter_server import live_server
 from decision_adapter.decisions.model import Question
-from decision_adapter.decisions.prompt import ChatTemplate, PromptLayout
+from decision_adapter.decisions.prompt import ChatTemplate, PromptLayout, state_segment
 from decision_adapter.engine.cache import PrefixCache, entry_cost, size_of, tokens_key
 from decision_adapter.engine.errors import DeadlineExceeded, RestoreFailed, TooSlow
 from decision_adapter.engine.plan import JobSpec, Limits as PlanLimits, plan_job
@@ -180,6 +180,52 @@ def test_a_state_too_long_for_any_prompt_is_refused_from_its_bytes_without_token
     with pytest.raises(InputError, match=r"decision renders to a prompt of more than 2000 tokens \(this text alone"):
         fake_model.prepare([question(state=huge)])
     assert fake_model.engine.longest < 10_000, "the 6 MB state was never tokenized"
+
+
+PROSE = "The customer wrote that order 1182 arrived broken and wants a refund today. "
+
+
+def _refusal(model, state: str) -> InputError:
+    with pytest.raises(InputError) as refused:
+        model.prepare([question(state=state)])
+    return refused.value
+
+
+def test_a_660_kb_state_is_refused_from_its_bytes_in_bounded_memory_embedded_model(app):
+    """660 KB of prose is under the bound of the longest piece (8,192 tokens of 81 bytes: runs of white space)
+    and was tokenized whole (150,000 tokens, 9 MB traced) before its refusal; a token holding a letter spells at
+    most 25 bytes, and the bound per byte refuses it untokenized, with the refusal a tokenized text gets."""
+    model = app.extensions["decision_adapter"].readiness.model
+    vocabulary, preparer = model.engine.vocabulary, model.preparer
+    huge = (PROSE * 10_000)[:660_000]
+    assert len(huge.encode()) / vocabulary.max_piece_bytes < preparer.ceiling, "the longest piece alone lets it by"
+    room = preparer.ceiling - len(preparer.head_tokens) - len(preparer.tail_tokens) - 1
+    under = PROSE * 10
+    while vocabulary.fewest_tokens(state_segment(under + PROSE)) <= room:
+        under += PROSE
+    assert vocabulary.fewest_tokens(state_segment(under)) <= room, "just under the bound: tokenized, then refused"
+    counted = len(vocabulary.tokenize(state_segment(under)))
+    assert counted > room
+
+    peak = _peak_bytes(lambda: pytest.raises(InputError, model.prepare, [question(state=huge)]))
+    assert peak < 5 * MIB, f"{peak} bytes traced while refusing 660 KB"
+    bounded, tokenized = _refusal(model, huge), _refusal(model, under)
+    assert (bounded.loc, bounded.kind) == (tokenized.loc, tokenized.kind) == (("decision",), "value_error.prompt_too_long")
+    assert str(tokenized) == (f"decision renders to a prompt of more than "
+                              f"{len(preparer.head_tokens) + counted + len(preparer.tail_tokens)} tokens, "
+                              f"over the limit of {preparer.ceiling}")
+    assert str(bounded).startswith(f"decision renders to a prompt of more than {preparer.ceiling} tokens (this text "
+                                   f"alone is at least {vocabulary.fewest_tokens(state_segment(huge))}), over the "
+                                   f"limit of {preparer.ceiling}")
+
+
+@pytest.mark.parametrize("text", ["", "a", "x " * 50, PROSE * 3, "#" * 400, "\n" + " " * 300, "é😀中文" * 40,
+                                  "<|im_start|>" * 5, "1234567890" * 30, "\x00\x7f" * 20])
+def test_the_fewest_tokens_bound_is_at_most_the_tokens_of_a_text_embedded_model(engine, text):
+    vocabulary = engine.vocabulary
+    assert vocabulary.fewest_tokens(text) <= len(vocabulary.tokenize(text))
+    assert vocabulary.fewest_tokens(text) <= len(vocabulary.tokenize(text, special=True))
+    assert vocabulary.fewest_tokens(text) >= -(-len(text.encode()) // vocabulary.max_piece_bytes)
 
 
 def test_questions_are_tokenized_one_by_one_and_stop_at_the_first_over_the_limit(fake_model):

@@ -3,8 +3,9 @@
 Every prompt is head + state + question + tail: the head and the tail are the template's own text (their special
 tokens parsed), tokenized once at load; the state and each question in each ordering of its options are the
 request's, tokenized as text, each on its own so that a boundary never depends on the other questions. A text is
-sized from its bytes before it is tokenized (no token spells more than the vocabulary's longest piece), so a
-prompt over the limit is refused in bounded time and memory. Each question's debias mode and ordering count are
+sized from its bytes before it is tokenized (``Tokenizer.fewest_tokens``: a token holding a given byte spells at
+most so many bytes, read from the vocabulary at load), so a prompt over the limit is refused in bounded time and
+memory: 660 KB of prose was tokenized whole (150,000 tokens) under the bound of the longest piece alone. Each question's debias mode and ordering count are
 resolved here once and carried on ``Prepared``; a question whose mode has a prior gets the prior's prompts (the
 state, and for a label prior the question too, replaced by content-free text) in a job of their own.
 """
@@ -25,7 +26,7 @@ from .prompt import DIGITS, ModelIncompatible, PromptLayout, state_segment
 
 
 class Tokenizer(Protocol):
-    max_piece_bytes: int
+    def fewest_tokens(self, text: str) -> int: ...
 
     def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]: ...
 
@@ -310,7 +311,7 @@ class Preparer:
 
     def _bound(self, loc: Loc, text: str, room: int) -> None:
         """Refuse ``text`` without tokenizing it when its bytes alone prove it longer than ``room`` tokens."""
-        at_least = -(-len(text.encode("utf-8")) // self.tokenizer.max_piece_bytes)
+        at_least = self.tokenizer.fewest_tokens(text)
         if at_least > room:
             raise self._too_long(loc, f"a prompt of more than {self.ceiling} tokens (this text alone is at least "
                                  f"{at_least})")
