@@ -257,6 +257,28 @@ def test_the_prompt_limit_is_capped_by_the_models_training_context(tmp_path):
         model.close()
 
 
+@pytest.mark.parametrize("max_prompt, ctx, train, ceiling", [
+    (2000, 4096, 8192, 2000),  # ADAPTER_MAX_PROMPT_TOKENS
+    (2000, 1002, 8192, 1000),  # the context, less 2 cells
+    (2000, 4096, 300, 300),  # the model's training context
+])
+@pytest.mark.parametrize("where", ["state", "question"])
+def test_a_text_refused_from_its_bytes_names_the_ceiling_applied(tmp_path, max_prompt, ctx, train, ceiling, where):
+    engine = FakeEngine(fake_model_dir(tmp_path) / "fake.gguf")
+    engine.ctx_tokens, engine.train_ctx_tokens = ctx, train
+    model = fake_decision_model(engine, max_prompt, 6000, queue_tokens=10_000)
+    try:
+        assert model.prompt_ceiling == ceiling
+        huge = "x" * 12 * (ceiling + 1)
+        with pytest.raises(InputError) as refused:
+            model.prepare([question(**{"state" if where == "state" else "text": huge})])
+        message = str(refused.value)
+        assert message.startswith(f"decision renders to a prompt of more than {ceiling} tokens (this text alone is "
+                                  f"at least ") and message.endswith(f"over the limit of {ceiling}"), message
+    finally:
+        model.close()
+
+
 # ---- a layout no request text can move -------------------------------------------------------------------------
 
 EDGE_QUESTIONS = ["Is it urgent?", "\nIs it urgent?", " Is it urgent?", "\n\nIs it urgent?", ":Is it urgent?",
