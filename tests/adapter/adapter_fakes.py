@@ -25,6 +25,7 @@ class FakeEngine:
     bos_text = ""
     eos_text = "<|im_end|>"
     control_texts = CONTROL
+    user_defined_texts: tuple[str, ...] = ()
     ctx_tokens = 4096
     train_ctx_tokens = 8192
     max_piece_bytes = 12  # the longest control text

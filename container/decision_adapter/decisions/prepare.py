@@ -13,6 +13,7 @@ state, and for a label prior the question too, replaced by content-free text) in
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -22,15 +23,39 @@ from ..engine.readout import LabelTrie, common_prefix
 from ..errors import InputError, Loc
 from .debias import PRIORS, DebiasMode, content_free
 from .labels import PAIRED, SINGLE
+from .literals import literal_pattern
 from .prompt import DIGITS, ModelIncompatible, PromptLayout, state_segment
 
 
 class Tokenizer(Protocol):
+    user_defined_texts: tuple[str, ...]
+
     def fewest_tokens(self, text: str) -> int: ...
 
     def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]: ...
 
     def piece(self, token: int) -> bytes: ...
+
+
+def text_tokens(tokenizer: Tokenizer, user_defined: re.Pattern[str] | None, text: str) -> list[int]:
+    """``text`` (the request's) tokenized as text. llama.cpp splits a user-defined added token's text out of any
+    text, special texts parsed or not (llama-vocab.cpp, ``tokenizer_st_partition``); so each occurrence of one
+    (``user_defined``: their pattern) is cut where a run of letters in it ends before a character that is no letter
+    or space (a word boundary of the BPE pre-tokenizers: ``<tool`` | ``_call>``), else after its first character,
+    and the pieces are tokenized on their own: none becomes the token. A text without one is tokenized whole."""
+    if user_defined is None:
+        return tokenizer.tokenize(text)
+    cuts, match = set(), user_defined.search(text)
+    while match:
+        literal = match.group()
+        inner = next((i for i in range(1, len(literal)) if literal[i - 1].isalpha()
+                      and not (literal[i].isalpha() or literal[i].isspace())), 1)
+        cuts.add(match.start() + inner)
+        match = user_defined.search(text, match.start() + 1)
+    if not cuts:
+        return tokenizer.tokenize(text)
+    bounds = [0, *sorted(cuts), len(text)]
+    return [token for a, b in zip(bounds, bounds[1:]) for token in tokenizer.tokenize(text[a:b])]
 
 
 def orderings(keys: Sequence[str], k: int) -> list[tuple[int, ...]]:
@@ -180,6 +205,7 @@ class Preparer:
         self.limits = limits
         self.default_permutations = default_permutations
         self.default_debias = default_debias
+        self.user_defined = literal_pattern(tokenizer.user_defined_texts)
         self.head_tokens = tuple(tokenizer.tokenize(layout.head, special=True, bos=True))
         self.tail_tokens = tuple(tokenizer.tokenize(layout.tail, special=True))
         # The content-free states the priors put in place of the state (debias.PRIORS): fixed text, tokenized once.
@@ -212,7 +238,7 @@ class Preparer:
         head, tail = self.head_tokens, self.tail_tokens
         state_text = state_segment(first.state)
         self._bound(first.loc, state_text, self.ceiling - len(head) - len(tail) - 1)  # and 1 question token
-        state = tuple(self.tokenizer.tokenize(state_text))
+        state = tuple(self._text(state_text))
         if len(head) + len(state) + len(tail) + 1 > self.ceiling:
             raise self._too_long(first.loc, f"a prompt of more than {len(head) + len(state) + len(tail)} tokens")
         budget = _Budget(self.limits.max_request_tokens, where)
@@ -227,7 +253,7 @@ class Preparer:
                 text = self.layout.question_segment(q.question, self.labels(len(order), q.kind),
                                                     [q.options[j] for j in order])
                 self._bound(q.loc, text, self.ceiling - len(head) - len(state) - len(tail))
-                own = tuple(self.tokenizer.tokenize(text)) + tail
+                own = tuple(self._text(text)) + tail
                 if len(head) + len(state) + len(own) > self.ceiling:
                     raise self._too_long(q.loc, f"a prompt of {len(head) + len(state) + len(own)} tokens")
                 trie = self.trie(len(order), q.kind)
@@ -275,7 +301,7 @@ class Preparer:
                 own = {k: tokens[k][span[1]:] for k in mine}
                 stem = {k: stems[k] for k in mine}
             else:  # a label prior: the question replaced, the options in each ordering kept
-                own = {k: tuple(self.tokenizer.tokenize(self.layout.question_segment(
+                own = {k: tuple(self._text(self.layout.question_segment(
                     mode.question, self.labels(len(orders[k]), q.kind), [q.options[j] for j in orders[k]]))) + tail
                     for k in mine}
                 replaced = self._stem_tokens(mode.question)
@@ -301,7 +327,10 @@ class Preparer:
     def _stem_tokens(self, question: str) -> tuple[int, ...]:
         """The tokens of what every ordering of ``question``'s options starts with; a prompt's stem is as much of
         them as its own tokens begin with (a token the first option's line merges with is left to the rest)."""
-        return tuple(self.tokenizer.tokenize(self.layout.question_stem(question)))
+        return tuple(self._text(self.layout.question_stem(question)))
+
+    def _text(self, text: str) -> list[int]:
+        return text_tokens(self.tokenizer, self.user_defined, text)
 
     def _plan(self, where: Loc, spec: JobSpec) -> Plan:
         try:

@@ -27,6 +27,12 @@ class Vocabulary:
         self.bos_text = self._special_text(llama.llama_vocab_bos(self._vocab))
         self.eos_text = self._special_text(llama.llama_vocab_eos(self._vocab))
         self.control_texts, self._reach = self._read_specials()
+        # The texts of user-defined added tokens (LLAMA_TOKEN_ATTR_USER_DEFINED; Qwen2.5's <tool_call>): llama.cpp
+        # splits them out of any text, special texts parsed or not (llama-vocab.cpp, tokenizer_st_partition), so
+        # user text that holds one is tokenized in pieces by its callers (decisions.prepare.text_tokens).
+        self.user_defined_texts = tuple(sorted(
+            {self.piece(t).decode("utf-8", "replace") for t in range(self.n_vocab)
+             if llama.llama_vocab_get_attr(self._vocab, t) & llama.LLAMA_TOKEN_ATTR_USER_DEFINED} - {""}))
         self.max_piece_bytes = max(self._reach)
 
     def fewest_tokens(self, text: str) -> int:
