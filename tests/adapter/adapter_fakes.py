@@ -25,6 +25,7 @@ class FakeEngine:
     bos_text = ""
     eos_text = "<|im_end|>"
     control_texts = CONTROL
+    user_defined_texts: tuple[str, ...] = ()
     ctx_tokens = 4096
     train_ctx_tokens = 8192
     max_piece_bytes = 12  # the longest control text
@@ -65,6 +66,9 @@ class FakeEngine:
                 out.extend(text[i].encode("utf-8"))
                 i += 1
         return out
+
+    def fewest_tokens(self, text: str) -> int:
+        return -(-len(text.encode("utf-8")) // self.max_piece_bytes)
 
     def piece(self, token: int) -> bytes:
         return CONTROL[token - 256].encode() if token >= 256 else bytes([token])

@@ -3,7 +3,7 @@ nothing, with the figures the real run then reports.
 
 On the real embedded model: a dry run, then the same request for real, then both again once everything is cached,
 a new question over the cached state, and a state that grew (a cached prefix); debias on (prior jobs) and two
-orderings, and labels of several tokens (readout tokens, which System One's ``x_evaluated_tokens`` leaves out). The prompts' texts hash to the answers'
+orderings, and labels of several tokens (readout tokens). The prompts' texts hash to the answers'
 ``prompt_sha256``. A request refused for its content is refused the same way in a dry run; admission's refusals
 (busy, too large) are reported with the status and body the real request gets.
 """
@@ -81,8 +81,7 @@ def dry_figures(protocol: str, report: dict) -> dict:
            "prompt_tokens": report["prompt_tokens"]}
     if protocol == "decisions":
         return {**out, "decode_tokens": report["decode_tokens"]}
-    # x_evaluated_tokens counts the state, the prompts' own tokens and the priors', not the answers' label paths
-    return {**out, "x_evaluated_tokens": report["decode_tokens"] - report["readout_tokens"]}
+    return {**out, "x_evaluated_tokens": report["decode_tokens"]}
 
 
 def questions(protocol: str, report: dict) -> dict[str, dict]:

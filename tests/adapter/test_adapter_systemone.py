@@ -286,3 +286,22 @@ def test_confidence_formulas():
     assert score_confidence([0.2] * 5) == pytest.approx(0.0, abs=1e-12)
     # spread around the mode 0 is 0.5*1; a uniform 3-level distribution spreads 2/3 around its middle
     assert score_confidence([0.5, 0.5, 0.0]) == pytest.approx(1 - 0.5 / (2 / 3))
+
+
+@pytest.mark.parametrize("n_options", [2, 30])  # 30: labels of two tokens, whose paths the readout decodes
+def test_x_evaluated_tokens_is_every_token_decoded_label_paths_included(settings, engine, n_options):
+    """On an empty cache with no prior, the request decodes its prompt past the resident head, then each label
+    path (each proper prefix of a label's tokens, once): counted here from the tokenizer, not from the engine."""
+    app = create_app(settings, engine)  # its cache starts empty; the head is resident
+    model = app.extensions["decision_adapter"].readiness.model
+    criteria = {f"Team {i}": None for i in range(n_options)}
+    body = ask(app.test_client(), {"q": {"type": "choice", "instructions": "Which team?", "criteria": criteria}},
+               state=f"A state seen once ({n_options}).").get_json()
+    vocabulary, layout = engine.vocabulary, model.layout
+    tail = vocabulary.tokenize(layout.tail, special=True)
+    labels = [tuple(vocabulary.tokenize(layout.tail + label, special=True)[len(tail):])
+              for label in model.preparer.labels(n_options, "choice")]
+    paths = {label[:i] for label in labels for i in range(1, len(label))}
+    assert (n_options > 26) == bool(paths)
+    head = len(vocabulary.tokenize(layout.head, special=True, bos=True))
+    assert body["x_evaluated_tokens"] == body["usage"]["input_tokens"] - head + sum(len(p) for p in paths)

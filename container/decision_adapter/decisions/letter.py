@@ -414,7 +414,7 @@ class LetterPreparer:
                              kind="value_error.not_supported")
 
     def _bound(self, q: Question, text: str) -> None:
-        at_least = -(-len(text.encode("utf-8")) // self.tokenizer.max_piece_bytes)
+        at_least = self.tokenizer.fewest_tokens(text)
         if at_least > self.ceiling:
             raise self._too_long(q, f"more than {self.ceiling} tokens (its text alone is at least {at_least})")
 

@@ -3,8 +3,9 @@
 Every prompt is head + state + question + tail: the head and the tail are the template's own text (their special
 tokens parsed), tokenized once at load; the state and each question in each ordering of its options are the
 request's, tokenized as text, each on its own so that a boundary never depends on the other questions. A text is
-sized from its bytes before it is tokenized (no token spells more than the vocabulary's longest piece), so a
-prompt over the limit is refused in bounded time and memory. Each question's debias mode and ordering count are
+sized from its bytes before it is tokenized (``Tokenizer.fewest_tokens``: a token holding a given byte spells at
+most so many bytes, read from the vocabulary at load), so a prompt over the limit is refused in bounded time and
+memory: 660 KB of prose was tokenized whole (150,000 tokens) under the bound of the longest piece alone. Each question's debias mode and ordering count are
 resolved here once and carried on ``Prepared``; a question whose mode has a prior gets the prior's prompts (the
 state, and for a label prior the question too, replaced by content-free text) in a job of their own.
 """
@@ -12,6 +13,7 @@ state, and for a label prior the question too, replaced by content-free text) in
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -21,15 +23,39 @@ from ..engine.readout import LabelTrie, common_prefix
 from ..errors import InputError, Loc
 from .debias import PRIORS, DebiasMode, content_free
 from .labels import PAIRED, SINGLE
+from .literals import literal_pattern
 from .prompt import DIGITS, ModelIncompatible, PromptLayout, state_segment
 
 
 class Tokenizer(Protocol):
-    max_piece_bytes: int
+    user_defined_texts: tuple[str, ...]
+
+    def fewest_tokens(self, text: str) -> int: ...
 
     def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]: ...
 
     def piece(self, token: int) -> bytes: ...
+
+
+def text_tokens(tokenizer: Tokenizer, user_defined: re.Pattern[str] | None, text: str) -> list[int]:
+    """``text`` (the request's) tokenized as text. llama.cpp splits a user-defined added token's text out of any
+    text, special texts parsed or not (llama-vocab.cpp, ``tokenizer_st_partition``); so each occurrence of one
+    (``user_defined``: their pattern) is cut where a run of letters in it ends before a character that is no letter
+    or space (a word boundary of the BPE pre-tokenizers: ``<tool`` | ``_call>``), else after its first character,
+    and the pieces are tokenized on their own: none becomes the token. A text without one is tokenized whole."""
+    if user_defined is None:
+        return tokenizer.tokenize(text)
+    cuts, match = set(), user_defined.search(text)
+    while match:
+        literal = match.group()
+        inner = next((i for i in range(1, len(literal)) if literal[i - 1].isalpha()
+                      and not (literal[i].isalpha() or literal[i].isspace())), 1)
+        cuts.add(match.start() + inner)
+        match = user_defined.search(text, match.start() + 1)
+    if not cuts:
+        return tokenizer.tokenize(text)
+    bounds = [0, *sorted(cuts), len(text)]
+    return [token for a, b in zip(bounds, bounds[1:]) for token in tokenizer.tokenize(text[a:b])]
 
 
 def orderings(keys: Sequence[str], k: int) -> list[tuple[int, ...]]:
@@ -179,6 +205,7 @@ class Preparer:
         self.limits = limits
         self.default_permutations = default_permutations
         self.default_debias = default_debias
+        self.user_defined = literal_pattern(tokenizer.user_defined_texts)
         self.head_tokens = tuple(tokenizer.tokenize(layout.head, special=True, bos=True))
         self.tail_tokens = tuple(tokenizer.tokenize(layout.tail, special=True))
         # The content-free states the priors put in place of the state (debias.PRIORS): fixed text, tokenized once.
@@ -211,7 +238,7 @@ class Preparer:
         head, tail = self.head_tokens, self.tail_tokens
         state_text = state_segment(first.state)
         self._bound(first.loc, state_text, self.ceiling - len(head) - len(tail) - 1)  # and 1 question token
-        state = tuple(self.tokenizer.tokenize(state_text))
+        state = tuple(self._text(state_text))
         if len(head) + len(state) + len(tail) + 1 > self.ceiling:
             raise self._too_long(first.loc, f"a prompt of more than {len(head) + len(state) + len(tail)} tokens")
         budget = _Budget(self.limits.max_request_tokens, where)
@@ -226,7 +253,7 @@ class Preparer:
                 text = self.layout.question_segment(q.question, self.labels(len(order), q.kind),
                                                     [q.options[j] for j in order])
                 self._bound(q.loc, text, self.ceiling - len(head) - len(state) - len(tail))
-                own = tuple(self.tokenizer.tokenize(text)) + tail
+                own = tuple(self._text(text)) + tail
                 if len(head) + len(state) + len(own) > self.ceiling:
                     raise self._too_long(q.loc, f"a prompt of {len(head) + len(state) + len(own)} tokens")
                 trie = self.trie(len(order), q.kind)
@@ -274,7 +301,7 @@ class Preparer:
                 own = {k: tokens[k][span[1]:] for k in mine}
                 stem = {k: stems[k] for k in mine}
             else:  # a label prior: the question replaced, the options in each ordering kept
-                own = {k: tuple(self.tokenizer.tokenize(self.layout.question_segment(
+                own = {k: tuple(self._text(self.layout.question_segment(
                     mode.question, self.labels(len(orders[k]), q.kind), [q.options[j] for j in orders[k]]))) + tail
                     for k in mine}
                 replaced = self._stem_tokens(mode.question)
@@ -300,7 +327,10 @@ class Preparer:
     def _stem_tokens(self, question: str) -> tuple[int, ...]:
         """The tokens of what every ordering of ``question``'s options starts with; a prompt's stem is as much of
         them as its own tokens begin with (a token the first option's line merges with is left to the rest)."""
-        return tuple(self.tokenizer.tokenize(self.layout.question_stem(question)))
+        return tuple(self._text(self.layout.question_stem(question)))
+
+    def _text(self, text: str) -> list[int]:
+        return text_tokens(self.tokenizer, self.user_defined, text)
 
     def _plan(self, where: Loc, spec: JobSpec) -> Plan:
         try:
@@ -310,7 +340,7 @@ class Preparer:
 
     def _bound(self, loc: Loc, text: str, room: int) -> None:
         """Refuse ``text`` without tokenizing it when its bytes alone prove it longer than ``room`` tokens."""
-        at_least = -(-len(text.encode("utf-8")) // self.tokenizer.max_piece_bytes)
+        at_least = self.tokenizer.fewest_tokens(text)
         if at_least > room:
             raise self._too_long(loc, f"a prompt of more than {self.ceiling} tokens (this text alone is at least "
                                  f"{at_least})")

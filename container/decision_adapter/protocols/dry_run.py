@@ -7,8 +7,7 @@ answered 200 with each question's prompts (each ordering's rendered text, the on
 ``prompt_sha256``, and its tokens) and the figures below (``DecisionModel.dry_run``); nothing is decoded, queued or
 cached. The figures are those the real request then reports, while nothing else changes the cache or the queue:
 ``cached_tokens`` is its ``timing.cached_tokens`` / ``x_cached_tokens``, ``decode_tokens`` its
-``timing.evaluated_tokens`` (System One: ``x_evaluated_tokens`` plus ``readout_tokens``, which
-``x_evaluated_tokens`` leaves out). A refusal admission would make now is reported with the status and the error
+``timing.evaluated_tokens`` (System One: ``x_evaluated_tokens``). A refusal admission would make now is reported with the status and the error
 body the request would get, classified by the server's one classifier (``Call.classify``) and rendered by the
 protocol's own ``render``.
 """
@@ -87,10 +86,10 @@ class DryRunFigures(Closed):
                                            "what timing.cached_tokens (x_cached_tokens) will say.")
     decode_tokens: int = Field(description="Tokens the request would decode: the state, each prompt's own tokens "
                                            "and label paths, and the priors' jobs (prior_tokens); what admission "
-                                           "charges it. timing.evaluated_tokens will say the same (System One: "
-                                           "x_evaluated_tokens + readout_tokens).")
+                                           "charges it. timing.evaluated_tokens (System One: "
+                                           "x_evaluated_tokens) will say the same.")
     readout_tokens: int = Field(description="Of decode_tokens, the answers' label-path tokens (labels of several "
-                                            "tokens, past 26 options), which x_evaluated_tokens leaves out.")
+                                            "tokens, past 26 options).")
     prior_tokens: int = Field(description="Of decode_tokens, the debias priors' (timing.prior_tokens, "
                                           "x_prior_tokens); 0 when the cache holds them.")
     queued_tokens: int = Field(description="Tokens of the work queued and running ahead of it.")

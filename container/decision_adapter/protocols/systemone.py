@@ -267,7 +267,7 @@ def answer_request(body: Any, call: Call) -> Answer:
         "answers": {item.qid: answer(item, s) for item, s in zip(items, answered.results)},
         "usage": {"input_tokens": input_tokens, "output_tokens": 0},
         "x_model": model_kind(call.model.model_info),
-        "x_evaluated_tokens": stats.shared_tokens + sum(stats.own_tokens) + answered.prior_tokens,
+        "x_evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens,  # label paths included
         "x_cached_tokens": stats.cached_tokens,
         "x_timing": {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
                      "total": time.perf_counter() - call.started},
@@ -478,7 +478,9 @@ class SystemOneResponse(Response):
     usage: Usage
     x_model: ModelKind | None = Field(None, description="Which kind of model answered (a plain chat GGUF by this "
                                                         "adapter's readout, or a decision GGUF by its type's rules).")
-    x_evaluated_tokens: int
+    x_evaluated_tokens: int = Field(description="Tokens decoded for the request: the state, each prompt's own "
+                                                "tokens and label paths, and the priors' (x_prior_tokens); not those "
+                                                "the cache served.")
     x_timing: SystemOneTiming
     x_cached_tokens: int | None = Field(None, description="Prompt tokens an earlier request evaluated, taken "
                                                          "from the state cache.")
