@@ -201,15 +201,20 @@ def within_bake(view, name: str, at: int) -> bool:
 BAKE_MINUTES = 10
 
 
-@pytest.mark.parametrize("kind", ADAPTER_KINDS)
-@pytest.mark.parametrize("publish", [("variant",), ("pools",), ("variant", "pools")])
+PUBLISHED = [("variant",), ("pools",), ("variant", "pools")]
+# What each adapter kind's variant can publish: the GPU variant has instance pools (its series may be the pools'
+# only); the CPU variant runs one instance type, whose series are the variant's (checked in the test).
+KIND_PUBLISHES = [(kind, publish) for kind in ADAPTER_KINDS
+                  for publish in (PUBLISHED if kind == "gpu" else [("variant",)])]
+
+
+@pytest.mark.parametrize("kind, publish", KIND_PUBLISHES)
 def test_a_release_twice_as_slow_per_token_rolls_back_within_the_bake(pinned, kind, publish):
     """Derived from the alarms and the sizing: on every instance type the variant runs on, a release that computes
     at half the derived speed (stacks/sizing.py) rolls back, whether its jobs still answer or run into their
     deadline (a fault, not load: metric_logs)."""
     view = endpoint_view(pinned, kind)
-    if "pools" in publish and not view["pools"]:
-        pytest.skip("a single instance type publishes the variant's series")
+    assert bool(view["pools"]) == (kind == "gpu"), "the kinds' pools are as KIND_PUBLISHES assumes"
     for instance_type in view["types"]:
         slow = 2 * sizing.ms_per_token(instance_type, view["gguf"])
         answered = fired(view, [minute(view, requests=20, ms_per_token=slow, publish=publish)] * BAKE_MINUTES)
@@ -254,7 +259,7 @@ def test_a_single_scoring_failure_rolls_nothing_back(pinned, kind, traffic):
     assert set(fired(view, [failing] * BAKE_MINUTES)) == {"ScoringFailures", "Invocation5xxRate"}
 
 
-@pytest.mark.parametrize("publish", [("variant",), ("pools",), ("variant", "pools")])
+@pytest.mark.parametrize("publish", PUBLISHED)
 def test_gpu_rollback_alarms_see_per_instance_type_series(pinned, publish):
     """A pooled variant may publish only per-InstanceType series: faults, memory growth and a full disk still roll
     back, and a healthy release still does not."""
