@@ -166,7 +166,9 @@ class Settings:
     body_timeout_s: float = setting("ADAPTER_BODY_TIMEOUT_S", 20.0,
                                     "Seconds a request's body may take to arrive once the server starts reading it "
                                     "(sent whole, not per read): a client still sending then gets 408 naming the "
-                                    "body, and its place in admission and its thread are given back.",
+                                    "body, and its place in admission and its thread are given back. A request's "
+                                    "headers get as long, from when a thread takes them: a client still sending "
+                                    "them is disconnected, its thread given back.",
                                     ge=0.1, le=3600.0)
     batch_timeout_s: int = setting("ADAPTER_BATCH_TIMEOUT_S", 3600,
                                    "The InvocationsTimeoutInSeconds Batch Transform gives one mini-batch (what "

@@ -907,3 +907,23 @@ def test_a_body_that_stalls_is_refused_408_and_gives_back_its_place_and_thread(m
         ping = requests.get(f"{base}/ping", timeout=10).json()
         assert ping["admitted"] == 0 and ping["capacity"] == 1, ping
         assert requests.post(f"{base}/invocations", json=example, timeout=60).status_code == 200
+
+
+def test_headers_that_stall_lose_their_thread_at_the_deadline(model_dir, example):
+    """gthread reads headers with no deadline of its own: one thread (ADAPTER_QUEUE_DEPTH=1 gives three) per
+    client that sends half its headers. Past ADAPTER_BODY_TIMEOUT_S the server closes such a connection, and with
+    every thread held that way a request sent afterwards is still answered."""
+    timeout_s = 2
+    with live_server(str(model_dir), ADAPTER_BODY_TIMEOUT_S=str(timeout_s), ADAPTER_QUEUE_DEPTH="1") as (base, _):
+        started = time.monotonic()
+        holders = [_raw(base, b"POST /invocations HTTP/1.1\r\nHost: x\r\n") for _ in range(3)]
+        try:
+            for holder in holders:
+                holder.settimeout(timeout_s + 10)
+                assert holder.recv(1) == b"", "closed without an answer"
+            closed = time.monotonic() - started
+        finally:
+            for holder in holders:
+                holder.close()
+        assert timeout_s - 0.2 <= closed < timeout_s + 5
+        assert requests.post(f"{base}/invocations", json=example, timeout=60).status_code == 200

@@ -51,7 +51,8 @@ class _Gunicorn(BaseApplication):
         for key, value in {
             "bind": f"{s.host}:{s.port}",
             "workers": 1,  # one model copy and one scheduler per process: more workers would split the CPUs
-            "worker_class": Worker,  # gthread's, stamping each request's arrival (worker)
+            # gthread's, stamping each request's arrival, with a deadline on its headers (worker)
+            "worker_class": Worker.reading_headers_within(s.body_timeout_s),
             "threads": s.http_threads,
             # The gthread worker heartbeats from its main thread, so a long scoring call does not
             # trip this; it only catches a worker that stopped answering altogether.
