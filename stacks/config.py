@@ -187,6 +187,11 @@ def _boolean(value: Any) -> bool:
     return value
 
 
+def _boolean_or_unset(value: Any) -> bool | None:
+    """true, false, or null: unset, for load_environment to decide (``_shared_resources``)."""
+    return None if value is None else _boolean(value)
+
+
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[a-z]{2,}$", re.IGNORECASE)
 
 
@@ -473,9 +478,10 @@ class ReviewSettings(_Settings):
     # repo:OWNER/REPO:environment:NAME, the only one the role trusts.
     github_environment: Text(_GITHUB_ENVIRONMENT, "a GitHub environment name")
     # The account's IAM OIDC provider for token.actions.githubusercontent.com: created by this stack, or (false) one
-    # that exists already (an account has at most one per URL: set false in the second environment of an account;
-    # load_environment refuses two environments of one account that both create it).
-    create_oidc_provider: _checked(_boolean, bool) = True
+    # that exists already (an account has at most one per URL). Unset: created by the first environment of cdk.json
+    # located in this account that leaves it unset, where none sets it true (load_environment decides; it refuses
+    # two environments of one account that both set it true).
+    create_oidc_provider: _checked(_boolean_or_unset, bool | None) = None
     # The existing provider's ARN where create_oidc_provider is false; null: the account's provider for GitHub's URL
     # (arn:<partition>:iam::<account>:oidc-provider/token.actions.githubusercontent.com).
     oidc_provider_arn: Text(_OIDC_PROVIDER_ARN, "the ARN of an IAM OIDC provider for "
@@ -518,8 +524,8 @@ class EnvironmentConfig(_Settings):
     bootstrap: BootstrapSettings = BootstrapSettings()
     # SageMaker's one log group for every transform job of the account and region, /aws/sagemaker/TransformJobs:
     # created (with retention and the logs key) by this environment's artifacts stack, or (false) left to another
-    # environment of the same account and region (load_environment refuses two that both create it).
-    create_transform_log_group: _checked(_boolean, bool) = True
+    # environment of the same account and region. Unset: as create_oidc_provider, per account and region.
+    create_transform_log_group: _checked(_boolean_or_unset, bool | None) = None
     # CloudFormation termination protection on every stack of the environment (cdk destroy refuses them).
     termination_protection: _checked(_boolean, bool) = False
 
@@ -631,7 +637,7 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
     if env_name not in environments:
         raise ConfigError([f"env: {env_name!r} is not an environment in cdk.json (one of: {names})"])
     root = f"environments.{env_name}"
-    shared = _shared_resource_problems(environments, env_name, default_account, default_region)
+    shared, creates = _shared_resources(environments, env_name, default_account, default_region)
     try:
         config = EnvironmentConfig.model_validate(environments[env_name], context={
             "name": str(env_name), "model_pins": tuple(model_pins), "default_account": default_account,
@@ -640,7 +646,10 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
         raise ConfigError([_message(root, problem) for problem in error.errors()] + shared) from None
     if shared:
         raise ConfigError(shared)
-    return config
+    # Every setting below reads a decided true or false.
+    return config.model_copy(update={
+        "review": config.review.model_copy(update={"create_oidc_provider": creates["review.create_oidc_provider"]}),
+        "create_transform_log_group": creates["create_transform_log_group"]})
 
 
 def _get(data: Any, *keys: str, default: Any = None) -> Any:
@@ -651,13 +660,15 @@ def _get(data: Any, *keys: str, default: Any = None) -> Any:
     return data
 
 
-def _shared_resource_problems(environments: Mapping[str, Any], env_name: str, default_account: str | None,
-                              default_region: str | None) -> list[str]:
-    """Resources an account (and region) has at most one of, which an environment creates: GitHub's OIDC provider
-    (one per account and URL) and SageMaker's transform log group (one per account and region). Two environments
-    that would both create one in the same place collide (the second deploy fails: "already exists"), so the
-    chosen environment may create it only where no other environment of cdk.json, located in the same account
-    (and region), does too. An environment's location is its cdk.json account and region, else the CLI's."""
+def _shared_resources(environments: Mapping[str, Any], env_name: str, default_account: str | None,
+                      default_region: str | None) -> tuple[list[str], dict[str, bool]]:
+    """Resources an account (and region) has at most one of, which an environment may create: GitHub's OIDC provider
+    (one per account and URL) and SageMaker's transform log group (one per account and region). Whether the chosen
+    environment creates each, and the problems: two environments located in the same place that both set it true
+    collide (the second deploy fails: "already exists"). Unset, it is created by the first environment of cdk.json
+    in that place that leaves it unset, where none there sets it true; so dev and prod in one account need no
+    setting. An environment's location is its cdk.json account and region, else the CLI's; where that is unknown
+    (offline, no account), an unset one is created."""
     def located(name: str, key: str, default: str | None) -> str | None:
         value = _get(environments[name], key)
         if isinstance(value, str) and value:
@@ -670,30 +681,51 @@ def _shared_resource_problems(environments: Mapping[str, Any], env_name: str, de
             (located(name, "region", default_region),) if with_region else ())
         return None if None in place else place
 
+    def has_repository(data: Mapping[str, Any]) -> bool:
+        return bool(_get(data, "review", "github_repository"))
+
     resources = (
-        ("review.create_oidc_provider", False, lambda data: bool(_get(data, "review", "github_repository")) and
-         _get(data, "review", "create_oidc_provider", default=True) is True,
+        # (key, its path, per region too, may this environment create it at all, may it when unset, advice)
+        ("review.create_oidc_provider", ("review", "create_oidc_provider"), False, has_repository,
+         lambda data: has_repository(data) and _get(data, "review", "oidc_provider_arn") is None,
          "an account has one IAM OIDC provider for token.actions.githubusercontent.com: set it to false in every "
          "environment of the account but one (their review roles then trust that provider; review.oidc_provider_arn "
-         "names it if it is not the account's default ARN)"),
-        ("create_transform_log_group", True, lambda data: _get(data, "create_transform_log_group", default=True)
-         is True,
+         "names it if it is not the account's default ARN), or leave it unset everywhere (the first environment of "
+         "the account creates it)"),
+        ("create_transform_log_group", ("create_transform_log_group",), True, lambda data: True, lambda data: True,
          "an account and region have one /aws/sagemaker/TransformJobs log group: set it to false in every "
-         "environment of that account and region but one"),
+         "environment of that account and region but one, or leave it unset everywhere (the first environment of "
+         "the account and region creates it)"),
     )
-    problems = []
-    for key, with_region, creates, advice in resources:
-        if not creates(environments[env_name]) or where(env_name, with_region) is None:
+    def choice(name: str, path: tuple[str, ...], can: Callable[..., bool], unset_can: Callable[..., bool]) -> bool | None:
+        """True, False, or None: unset where it may create."""
+        data = environments[name]
+        if not isinstance(data, Mapping) or not can(data):
+            return False
+        value = _get(data, *path)
+        if value is None:
+            return None if unset_can(data) else False
+        return value is True
+
+    problems, creates = [], {}
+    for key, path, with_region, can, unset_can, advice in resources:
+        mine, here = choice(env_name, path, can, unset_can), where(env_name, with_region)
+        if here is None:
+            creates[key] = mine is not False
             continue
-        others = [name for name in environments if name != env_name and isinstance(environments[name], Mapping)
-                  and creates(environments[name]) and where(name, with_region) == where(env_name, with_region)]
-        if others:
-            place = " ".join(f"{what} {value}" for what, value in zip(("account", "region"),
-                                                                       where(env_name, with_region)))
+        peers = [name for name in environments if isinstance(environments[name], Mapping)
+                 and where(name, with_region) == here]  # in cdk.json's order
+        choices = {name: choice(name, path, can, unset_can) for name in peers}
+        set_true = [name for name in peers if choices[name] is True]
+        others = [name for name in set_true if name != env_name]
+        if mine is True and others:
+            place = " ".join(f"{what} {value}" for what, value in zip(("account", "region"), here))
             also = ", ".join(f"environments.{name}.{key}" for name in others)
             problems.append(f"environments.{env_name}.{key}: is true here and in {also}, in the same {place}; "
                             f"{advice}")
-    return problems
+        unset = [name for name in peers if choices[name] is None]
+        creates[key] = mine if mine is not None else not set_true and unset[0] == env_name
+    return problems, creates
 
 
 def _path(root: str, loc: Sequence[str | int]) -> str:

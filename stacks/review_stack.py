@@ -10,9 +10,8 @@ not the bootstrap's lookup role (ReadOnlyAccess), which the workflow used to ass
 GitHub's OIDC provider vouches for the job: the role trusts tokens with audience ``sts.amazonaws.com`` whose
 ``sub`` is ``repo:<github_repository>:environment:<github_environment>``, i.e. a job of this repository running in
 that GitHub environment (prod's has required reviewers, so no prod credentials before a reviewer approves). The
-account's provider for token.actions.githubusercontent.com is created here unless ``create_oidc_provider`` is
-false (an account has one per URL; config refuses two environments of one account that both create it), in which
-case the role trusts ``oidc_provider_arn`` or, without it, the account's provider for that URL. Without ``github_repository`` the stack holds a placeholder and synthesis warns.
+account's provider for token.actions.githubusercontent.com is created here where ``create_oidc_provider`` is
+(set or decided by config: an account has one per URL, so unset it is the first environment of the account's), else the role trusts ``oidc_provider_arn`` or, without it, the account's provider for that URL. Without ``github_repository`` the stack holds a placeholder and synthesis warns.
 """
 
 from __future__ import annotations

@@ -108,6 +108,31 @@ def test_npx_cdk_synth_with_real_format_pins_and_a_resolved_region(env, region, 
     shutil.rmtree(out)
 
 
+def test_npx_cdk_synth_of_dev_and_prod_in_one_account(tmp_path):
+    """cdk.json as shipped, pinned, with dev located where prod is (one account and region, as many users run
+    them): both synthesize, and what an account has once (GitHub's OIDC provider, SageMaker's transform log group)
+    is created by dev alone, the first environment of cdk.json there."""
+    checkout = pinned_checkout(tmp_path)
+    cdk_json = json.loads((checkout / "cdk.json").read_text())
+    environments = cdk_json["context"]["environments"]
+    environments["dev"].update(account=environments["prod"]["account"], region=environments["prod"]["region"])
+    (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+    created = {}
+    for env in ("dev", "prod"):
+        out = tmp_path / f"cdk.out-{env}"
+        completed = run_cdk("synth", "-c", f"env={env}", "--output", str(out), "--quiet", cwd=checkout,
+                            region="eu-west-1")
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        prefix = environments[env]["name_prefix"]
+        resources = [resource for kind in ("review", "artifacts") for resource in json.loads(
+            (out / f"{prefix}-{kind}.template.json").read_text())["Resources"].values()]
+        created[env] = (any(r["Type"] == "AWS::IAM::OIDCProvider" for r in resources),
+                        any(r["Type"] == "AWS::Logs::LogGroup" and r["Properties"].get("LogGroupName") ==
+                            "/aws/sagemaker/TransformJobs" for r in resources))
+        shutil.rmtree(out)
+    assert created == {"dev": (True, True), "prod": (False, False)}
+
+
 def test_an_unknown_environment_fails_with_the_key_named(tmp_path):
     completed = run_cdk("synth", "-c", "env=staging", "--output", str(tmp_path / "cdk.out"), "--quiet")
     assert completed.returncode != 0

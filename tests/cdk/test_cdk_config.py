@@ -296,7 +296,7 @@ def located(account, region="eu-west-1"):
      "eu-west-1; an account and region have one /aws/sagemaker/TransformJobs log group"),
 ])
 def test_two_environments_of_one_account_may_not_both_create_its_singletons(env, key, dev_edits, expected):
-    environments = both({"dev": dev_edits})
+    environments = both({"dev": [*dev_edits, setting(key, True)], "prod": [setting(key, True)]})
     other = "prod" if env == "dev" else "dev"
     with pytest.raises(ConfigError) as error:
         load_environment(environments, env, model_pins=cdk_app.model_pin_names())
@@ -320,10 +320,39 @@ def test_one_creator_per_account_is_accepted(dev_edits):
 
 def test_a_null_account_is_the_callers():
     """dev without an account deploys to the caller's: the same account as prod's, there."""
-    environments = both({})
+    key = "review.create_oidc_provider"
+    environments = both({"dev": [setting(key, True)], "prod": [setting(key, True)]})
     with pytest.raises(ConfigError, match="environments.dev.review.create_oidc_provider: is true here"):
         load_environment(environments, "dev", model_pins=cdk_app.model_pin_names(), default_account="111122223333",
                          default_region="eu-west-1")
+
+
+def creates(environments, env, **defaults):
+    config = load_environment(environments, env, model_pins=cdk_app.model_pin_names(), **defaults)
+    return config.review.create_oidc_provider, config.create_transform_log_group
+
+
+@pytest.mark.parametrize("dev_edits, defaults", [
+    ([located("111122223333")], {}),                                                   # both named
+    ([], {"default_account": "111122223333", "default_region": "eu-west-1"}),          # dev's is the caller's
+], ids=["named", "callers"])
+def test_unset_the_first_environment_of_an_account_creates_its_singletons(dev_edits, defaults):
+    """cdk.json as shipped sets neither: dev and prod in one account synthesize, dev (first) creating both."""
+    environments = both({"dev": dev_edits})
+    assert creates(environments, "dev", **defaults) == (True, True)
+    assert creates(environments, "prod", **defaults) == (False, False)
+
+
+def test_unset_yields_to_an_environment_that_sets_it_true_and_to_none_elsewhere():
+    environments = both({"dev": [located("111122223333")], "prod": [setting("review.create_oidc_provider", True)]})
+    assert creates(environments, "dev") == (False, True)
+    assert creates(environments, "prod") == (True, False)
+    elsewhere = both({"dev": [located(OTHER_ACCOUNT)]})
+    assert creates(elsewhere, "dev") == creates(elsewhere, "prod") == (True, True)
+    unknown = both({})                                                                 # dev's account unknown
+    assert creates(unknown, "dev") == creates(unknown, "prod") == (True, True)
+    named = both({"dev": [located("111122223333"), setting("review.oidc_provider_arn", PROVIDER)]})
+    assert creates(named, "dev") == (False, True) and creates(named, "prod") == (True, False)
 
 
 def test_an_existing_provider_is_named_by_its_arn():
@@ -332,7 +361,7 @@ def test_an_existing_provider_is_named_by_its_arn():
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (lambda e: e["review"].update(oidc_provider_arn=PROVIDER),
+    (lambda e: e["review"].update(create_oidc_provider=True, oidc_provider_arn=PROVIDER),
      "environments.prod.review.oidc_provider_arn: names an existing provider, but "
      "environments.prod.review.create_oidc_provider is true"),
     (lambda e: e["review"].update(create_oidc_provider=False, oidc_provider_arn=PROVIDER.replace("111122223333",
