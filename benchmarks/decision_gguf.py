@@ -131,22 +131,14 @@ def score_task(model: Any, task: Any) -> Any:
     ``DecisionModel.score``: its probabilities as the client gets them, in the task's label order (None if
     refused)."""
     import math
-    import time
 
-    from decision_adapter.errors import InputError
+    from .scoring import Scored, answered, in_label_order
 
-    from .scoring import Scored, prepared_task
-
-    started = time.perf_counter()
-    try:
-        item, prepared = prepared_task(model, task, 1, "off")
-        [result] = model.score(prepared).results
-    except InputError:
+    found = answered(model, task)
+    if found is None:
         return None
-    seconds = time.perf_counter() - started
-    names = {"true": "yes", "false": "no"} if item.type == "noul" else {}
-    by_label = {names.get(n, n): p for n, p in zip(item.names, result.probabilities)}
-    distribution = tuple(by_label[label] for label in task.labels)
+    item, result, seconds = found
+    distribution = in_label_order(task, item.names, result.probabilities)
     return Scored(task, tuple(math.log(max(p, 1e-300)) for p in distribution), distribution, seconds)
 
 

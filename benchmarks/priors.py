@@ -25,12 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .scoring import ORDER_SEED, Scored, answer_key, prepared_task, shuffled, summary
+from .scoring import ORDER_SEED, Scored, answer_key, in_label_order, prepared_task, shuffled, summary
 from .metrics import accuracy, brier, ece
 from .tasks import Task
 
 RAW_VERSION = 1
-NOUL_NAMES = {"true": "yes", "false": "no"}
 QUESTION_BORNE = "bias/question_borne"
 FLIP_MODES = ("off", "empty", "label")
 
@@ -137,11 +136,6 @@ def measure(model, tasks: Sequence[Task], orders: Sequence[int], modes: Sequence
 
 def _rows(rows) -> list[tuple[tuple[float, ...], tuple[int, ...]]]:
     return [(tuple(values), tuple(order)) for values, order in rows]
-
-
-def in_label_order(task: Task, names: Sequence[str], values: Sequence[float]) -> tuple[float, ...]:
-    by_label = {NOUL_NAMES.get(n, n) if task.kind == "noul" else n: v for n, v in zip(names, values)}
-    return tuple(by_label[label] for label in task.labels)
 
 
 def prior_rows(rec: dict[str, Any], mode: str,

@@ -13,7 +13,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 from .metrics import Outcome, accuracy, brier, ece
 from .tasks import TIERS, Task
@@ -69,11 +69,18 @@ def prepared_task(model, task: Task, permutations: int = 1, debias: str = "off")
     return item, model.prepare([replace(item.question, permutations=permutations, debias=debias)])
 
 
-def score_one(model, task: Task, permutations: int = 1, debias: str = "off") -> Scored | None:
-    """The task scored through ``DecisionModel.score``, None if the adapter refuses it (counted wrong in
-    accuracy(); it has no logits to calibrate). Its logits are what a temperature applies to: averaged over the
-    orderings, debiased."""
-    from decision_adapter.engine.readout import softmax
+NOUL_NAMES = {"true": "yes", "false": "no"}  # a noul question's option names, as its task's labels
+
+
+def in_label_order(task: Task, names: Sequence[str], values: Sequence[float]) -> tuple[float, ...]:
+    """``values`` given in the order of the request's option ``names``, in the task's label order."""
+    by_label = {NOUL_NAMES.get(n, n) if task.kind == "noul" else n: v for n, v in zip(names, values)}
+    return tuple(by_label[label] for label in task.labels)
+
+
+def answered(model, task: Task, permutations: int = 1, debias: str = "off") -> tuple[Any, Any, float] | None:
+    """(the System One item, its result from ``DecisionModel.score``, the seconds both took), None if the adapter
+    refuses the task."""
     from decision_adapter.errors import InputError
 
     started = time.perf_counter()
@@ -82,10 +89,20 @@ def score_one(model, task: Task, permutations: int = 1, debias: str = "off") -> 
         [result] = model.score(prepared).results
     except InputError:
         return None
-    seconds = time.perf_counter() - started
-    names = {"true": "yes", "false": "no"} if item.type == "noul" else {}
-    by_label = {names.get(n, n): x for n, x in zip(item.names, result.adjusted_logits)}
-    logits = tuple(by_label[label] for label in task.labels)
+    return item, result, time.perf_counter() - started
+
+
+def score_one(model, task: Task, permutations: int = 1, debias: str = "off") -> Scored | None:
+    """The task scored through ``DecisionModel.score``, None if the adapter refuses it (counted wrong in
+    accuracy(); it has no logits to calibrate). Its logits are what a temperature applies to: averaged over the
+    orderings, debiased."""
+    from decision_adapter.engine.readout import softmax
+
+    found = answered(model, task, permutations, debias)
+    if found is None:
+        return None
+    item, result, seconds = found
+    logits = in_label_order(task, item.names, result.adjusted_logits)
     return Scored(task, logits, tuple(softmax(logits)), seconds)
 
 
