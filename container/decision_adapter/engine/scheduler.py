@@ -206,12 +206,11 @@ class Scheduler:
         queued = self._queued_tokens
         if by_tokens and queued and queued + tokens > self.queue_tokens:
             return Busy(f"{queued} tokens are queued; this job adds {tokens}, over the budget of {self.queue_tokens}")
-        ahead = self._ahead()
         # Behind other work, a retry can pass once it is done: the expected seconds decide. With nothing ahead a
         # retry meets the same estimate, so a request that could fit (not TooLarge) is refused only when even the
         # fastest the model allows misses its deadline; otherwise it runs, and its deadline stops it if need be.
         idle = not self._queue and self._running is None
-        needed = self._cost.fastest(work) if idle else self._cost.seconds(ahead + work)
+        needed = fastest if idle else self._cost.seconds(self._ahead() + work)
         if needed is not None and not math.isinf(deadline):
             left = deadline - time.monotonic()
             if needed > left:
