@@ -4,12 +4,13 @@ metadata read (decisions/decision_file.py) on files derived here from the embedd
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
 
 from decision_adapter.decisions.decision_file import file_temperature, read_decision_file
-from decision_adapter.decisions.letter import (LetterRules, average_variants, choice_confidence, expected_score,
+from decision_adapter.decisions.letter import (LetterRules, average_aligned, average_variants, choice_confidence, expected_score,
                                                lev_noul, llama_tojson, score_confidence, sort_keys,
                                                variant_probabilities)
 from decision_adapter.decisions.model_files import embedded_model_dir, find_gguf
@@ -51,6 +52,15 @@ def test_forward_and_reversed_variants_are_averaged_by_option():
     reversed_ = [0.5, 0.3, 0.2]  # shown c, b, a: c 0.5, b 0.3, a 0.2
     assert average_variants([forward, reversed_]) == pytest.approx([0.45, 0.25, 0.3], abs=1e-15)
     assert average_variants([forward]) == forward
+    # Aligned by each variant's order into the request's order: lev's pair gives the same bits.
+    assert average_aligned([forward, reversed_], [(0, 1, 2), (2, 1, 0)], 3) == average_variants([forward, reversed_])
+    # Any orders: option 2 shown first by the second variant, option 0 last.
+    assert average_aligned([forward, reversed_], [(0, 1, 2), (2, 0, 1)], 3) == pytest.approx(
+        [(0.7 + 0.3) / 2, (0.2 + 0.2) / 2, (0.1 + 0.5) / 2], abs=1e-15)
+    rng = random.Random(7)
+    for _ in range(200):  # the same floats as average_variants for the reversed pair, whatever the values
+        a, b = [rng.random() for _ in range(5)], [rng.random() for _ in range(5)]
+        assert average_aligned([a, b], [tuple(range(5)), tuple(range(4, -1, -1))], 5) == average_variants([a, b])
 
 
 def test_answers_and_confidences_by_hand():

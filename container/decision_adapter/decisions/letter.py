@@ -14,16 +14,23 @@ bundled llama.cpp runs unchanged:
   ``A..I`` as ``sum(p_i * i / 8)``, openjev shows ``noul`` true first;
 - the answers' confidences are TypeSafe's published formulas.
 
-No debiasing, calibration or order averaging: a request that asks for one is refused with a 4xx naming the field
-(the file's temperatures are its calibration). ``combine_question`` is pure; the arithmetic is in small functions
+This adapter's order averaging and debiasing apply only when a request asks for them (``x_permutations`` /
+``permutations``, ``x_debias`` / ``debias``; the server's defaults, ADAPTER_PERMUTATIONS and ADAPTER_DEBIAS, are for
+plain models): K orderings (``prepare.orderings``) replace the type's variants, each read by the type's softmax
+and averaged as the type averages its variants; a prior is the same prompts rendered with the state (and, for a label
+prior, the instructions) replaced by content-free text, read the same way, floored, raised to the strength and
+divided out. A score's levels and lev's ratings keep their order (more than one ordering is refused there). No
+``calibration.json``: the file's temperatures are its calibration. ``combine_question`` is pure; the arithmetic is in small functions
 (``variant_probabilities``, ``average_variants``, ``lev_noul``, ...) whose every sum runs in the order llama.cpp's
 runs it, so the same logits give the same bits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import string
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -33,12 +40,12 @@ import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..engine.errors import PlanError
-from ..engine.readout import LabelTrie, common_prefix
+from ..engine.readout import LabelTrie, common_prefix, softmax
 from ..errors import InputError
-from .combine import Readouts, Scored
-from .debias import MODES, OFF
+from .combine import Defaults, Readouts, Scored
+from .debias import MODES, OFF, DebiasMode, content_free, floored
 from .decision_file import DecisionFile
-from .prepare import Limits, Prepared, Question, Tokenizer, _Budget
+from .prepare import Limits, Prepared, PriorJob, Question, Tokenizer, _Budget, orderings
 from .prompt import ModelIncompatible, TemplateError
 
 LEV_RATINGS = 9  # lev reads noul from a rating scale: A = certainly no .. I = certainly yes
@@ -125,6 +132,18 @@ def variant_probabilities(logits: Sequence[float], temperature: float) -> list[f
     for w in weights:
         total += w
     return [w / total for w in weights]
+
+
+def average_aligned(variants: Sequence[Sequence[float]], orders: Sequence[Sequence[int]], n: int) -> list[float]:
+    """The variants' distributions averaged in the request's option order: variant ``v`` shows option
+    ``orders[v][position]`` at each position; summed in variant order, as llama.cpp sums its variants (for lev's
+    forward and reversed pair the same additions as ``average_variants``, so the same bits)."""
+    count = len(variants)
+    out = [0.0] * n
+    for p, order in zip(variants, orders):
+        for position, option in enumerate(order):
+            out[option] += p[position] / count
+    return out
 
 
 def average_variants(variants: Sequence[Sequence[float]]) -> list[float]:
@@ -357,14 +376,14 @@ class LetterPreparer:
 
     def prepare(self, questions: Sequence[Question]) -> Prepared:
         """Render each question in each of its variants, tokenize, hold to the budgets and plan one job over all
-        the prompts (what they share is decoded once)."""
+        the prompts (what they share is decoded once), and one job per content-free prompt kind of the priors the
+        request asks for."""
         if len({q.state for q in questions}) != 1:
             raise ValueError("the questions of one request share one state")
         first = questions[0]
         where = first.loc[:-1] if len(questions) > 1 else first.loc
-        tokens, tries, orders, owners, digests, variants = [], [], [], [], [], []
+        tokens, tries, orders, owners, digests, variants, modes = [], [], [], [], [], [], []
         for i, q in enumerate(questions):
-            self._refuse_extensions(q)
             if q.source is None:
                 raise ValueError("a decision GGUF renders the request's own values: Question.source is needed")
             n = len(q.options)
@@ -373,45 +392,93 @@ class LetterPreparer:
                                  f"has {n} options; this decision model ({self.rules.type}) has "
                                  f"{self.rules.max_options} single-token labels, so at most "
                                  f"{self.rules.max_options} options", kind="value_error.too_many_options")
-            shown = shown_options(self.rules, q)
-            count = self.rules.variants(q.source.type, n)
+            modes.append(self._mode(q))
             digest = hashlib.sha256()
-            for v in range(count):
-                order = shown if v == 0 else shown[::-1]
+            shown_orders = self._orders(q)
+            for v, order in enumerate(shown_orders):
                 text = self.template.render(render_values(self.rules, q, order))
-                self._bound(q, text)
-                prompt = tuple(self.tokenizer.tokenize(text, special=True))
-                if len(prompt) > self.ceiling:
-                    raise self._too_long(q, f"a prompt of {len(prompt)} tokens")
-                tokens.append(prompt)
+                tokens.append(self._tokens(q, text, "a prompt"))
                 tries.append(self.trie(self.rules.outputs(q.source.type, n)))
                 orders.append(tuple(e.index for e in order))
                 owners.append(i)
                 digest.update(b"\0" if v else b"")
                 digest.update(text.encode("utf-8"))
             digests.append(digest.hexdigest())
-            variants.append(count)
+            variants.append(len(shown_orders))
         spec = self.engine.job_spec(tokens, tries)
         budget = _Budget(self.limits.max_request_tokens, where)
         budget.add(spec.state_end - spec.head + sum(len(p) - spec.state_end for p in tokens))
+        plan = self._plan(where, spec)
+        priors, no_prior = self._priors(questions, modes, orders, owners, tries, where, budget)
+        return Prepared(tuple(questions), tuple(tokens), budget.tokens, (spec.head, spec.state_end), tuple(tries),
+                        tuple(orders), tuple(owners), tuple(digests), spec, plan, tuple(modes),
+                        tuple(variants), tuple(priors), frozenset(no_prior), where)
+
+    def _mode(self, q: Question) -> DebiasMode:
+        """The prior the question asks for; none unless it asks (the server's ADAPTER_DEBIAS is for plain models)."""
+        return MODES[OFF] if q.debias is None else MODES[q.debias]
+
+    def _orders(self, q: Question) -> list[list[Shown]]:
+        """The options as each variant shows them: the type's variants, or the K orderings the question asks for
+        (``orderings``: the canonical order by key and K evenly spaced shifts of it; K = 1 the type's first order)."""
+        source = q.source
+        assert source is not None
+        shown = shown_options(self.rules, q)
+        if q.permutations is None:
+            return [shown if v == 0 else shown[::-1] for v in range(self.rules.variants(source.type, len(shown)))]
+        if q.permutations > 1 and (source.type == "score" or self.rules.outputs(source.type, len(shown))
+                                   != len(shown)):
+            what = ("a score's levels keep their order" if source.type == "score" else
+                    f"{self.rules.type} reads noul from its {LEV_RATINGS} rating labels, not from options it shows")
+            raise InputError(q.loc, f"permutations {q.permutations} is not available for this question of a decision "
+                             f"GGUF: {what}", kind="value_error.not_supported")
+        return [[shown[j] for j in order] for order in orderings([e.key for e in shown], q.permutations)]
+
+    def _tokens(self, q: Question, text: str, what: str) -> tuple[int, ...]:
+        self._bound(q, text)
+        prompt = tuple(self.tokenizer.tokenize(text, special=True))
+        if len(prompt) > self.ceiling:
+            raise self._too_long(q, f"{what} of {len(prompt)} tokens")
+        return prompt
+
+    def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], orders: Sequence[tuple[int, ...]],
+                owners: Sequence[int], tries: Sequence[LabelTrie], where: Any,
+                budget: _Budget) -> tuple[list[PriorJob], set[int]]:
+        """One job per content-free prompt kind (a state, and for a label prior the question's replacement): every
+        variant of every question whose mode averages it, rendered by the template with the state (and the
+        instructions) replaced. A state prior of a state that carries no content is not scored (``no_prior``).
+        Their tokens count against the request's budget as if nothing were cached."""
+        members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
+        no_prior: set[int] = set()
+        for i, (q, mode) in enumerate(zip(questions, modes)):
+            if not mode.active:
+                continue
+            if mode.question is None and content_free(q.state):
+                no_prior.add(i)
+                continue
+            source = q.source
+            assert source is not None
+            by_index = {e.index: e for e in shown_options(self.rules, q)}
+            for text in mode.states:
+                replaced = dataclasses.replace(q, source=dataclasses.replace(
+                    source, state=text, instructions=source.instructions if mode.question is None else mode.question))
+                for k in (k for k, owner in enumerate(owners) if owner == i):
+                    rendered = self.template.render(render_values(self.rules, replaced,
+                                                                  [by_index[j] for j in orders[k]]))
+                    members.setdefault((text, mode.question), []).append(
+                        (k, self._tokens(q, rendered, "a prior prompt")))
+        priors = []
+        for (text, question_text), rows in members.items():
+            spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows])
+            budget.add(spec.state_end - spec.head + sum(len(prompt) - spec.state_end for _, prompt in rows))
+            priors.append(PriorJob(text, tuple(k for k, _ in rows), spec, self._plan(where, spec), question_text))
+        return priors, no_prior
+
+    def _plan(self, where: Any, spec: Any) -> Any:
         try:
-            plan = self.engine.plan(spec)
+            return self.engine.plan(spec)
         except PlanError as exc:
             raise InputError(where, str(exc), kind="value_error.request_too_large") from None
-        off = MODES[OFF]
-        return Prepared(tuple(questions), tuple(tokens), budget.tokens, (spec.head, spec.state_end), tuple(tries),
-                        tuple(orders), tuple(owners), tuple(digests), spec, plan, (off,) * len(questions),
-                        tuple(variants), (), frozenset(), where)
-
-    def _refuse_extensions(self, q: Question) -> None:
-        if q.debias not in (None, OFF):
-            raise InputError(q.loc, f"debias {q.debias!r} is not available for a decision GGUF: it is answered by "
-                             f"its type's rules ({self.rules.type}) with the file's temperatures",
-                             kind="value_error.not_supported")
-        if q.permutations not in (None, 1):
-            raise InputError(q.loc, f"permutations {q.permutations} is not available for a decision GGUF: its "
-                             f"type's rules fix the orders it is read in ({self.rules.type})",
-                             kind="value_error.not_supported")
 
     def _bound(self, q: Question, text: str) -> None:
         at_least = self.tokenizer.fewest_tokens(text)
@@ -425,38 +492,87 @@ class LetterPreparer:
 
 # ---- combining -----------------------------------------------------------------------------------------------------
 
-def combine_question(rules: LetterRules, prepared: Prepared, read: Readouts, i: int) -> Scored:
+def read_distribution(rules: LetterRules, prepared: Prepared, scores: Sequence[Any], prompts: Sequence[int],
+                      temperature: float) -> list[float]:
+    """One question's distribution from its prompts' readouts: each variant's softmax at the file's temperature,
+    averaged in the request's option order (lev's noul: over its rating labels, read from one variant)."""
+    per_variant = [variant_probabilities(score.first_token_logits, temperature) for score in scores]
+    q = prepared.questions[prepared.owners[prompts[0]]]
+    assert q.source is not None
+    if rules.outputs(q.source.type, len(q.options)) != len(q.options):  # lev's noul: the 9 ratings
+        return average_variants(per_variant)
+    return average_aligned(per_variant, [prepared.orders[k] for k in prompts], len(q.options))
+
+
+def divide_prior(p: Sequence[float], priors: Sequence[Sequence[float]], strength: float,
+                 floor: float) -> tuple[list[float], list[float], tuple[float, ...]]:
+    """``p`` with the prior divided out: the priors' distributions (one per content-free state) averaged in log
+    space, mixed with the uniform (``floor``), raised to ``strength``; returns the probabilities, the adjusted log
+    values they are the softmax of, and the prior's own distribution."""
+    n = len(p)
+    log_prior = [math.fsum(math.log(max(prior[j], 1e-300)) for prior in priors) / len(priors) for j in range(n)]
+    shown = tuple(softmax(log_prior))
+    adjusted = [math.log(max(x, 1e-300)) - strength * f for x, f in zip(p, floored(log_prior, floor))]
+    return list(softmax(adjusted)), adjusted, shown
+
+
+def combine_question(rules: LetterRules, prepared: Prepared, read: Readouts, i: int,
+                     defaults: Defaults | None = None) -> Scored:
     """Question ``i``'s answer by the type's rules: each variant's softmax at the file's temperature, the variants
-    averaged, then the answer's own figures (``Scored.answer``): noul, or the choice's or score's confidence."""
+    averaged, the prior divided out where the question asked for one, then the answer's own figures
+    (``Scored.answer``): noul, or the choice's or score's confidence."""
     q = prepared.questions[i]
     assert q.source is not None
     kind, n = q.source.type, len(q.options)
     mine = prepared.prompts_of(i)
     temperature = rules.temperature(kind, n)
-    per_variant = [variant_probabilities(read.scores[k].first_token_logits, temperature) for k in mine]
-    shown = average_variants(per_variant)  # in the first variant's position order
+    dist = read_distribution(rules, prepared, [read.scores[k] for k in mine], mine, temperature)
+    readout = rules.describe() + f"; temperature {temperature:g} ({kind}, {n} options: bucket {rules.bucket(n)})"
+    if q.permutations is not None:
+        readout += (f"; {len(mine)} ordering{'s' if len(mine) > 1 else ''} of the options asked for "
+                    f"(permutations), averaged in place of the type's variants")
+    mode = prepared.modes[i]
+    debias, prior_shown, adjusted = None, None, ()
+    if mode.active and i in prepared.no_prior:
+        readout += (f"; not debiased ({mode.name}): the state carries no content, so a state prior would be this "
+                    f"prompt itself")
+    elif mode.active:
+        jobs = {p.key: (p, found) for p, found in zip(prepared.priors, read.prior_scores)}
+        priors = []
+        for text in mode.states:
+            job, found = jobs[text, mode.question]
+            rows = [(found[j], k) for j, k in enumerate(job.prompts) if prepared.owners[k] == i]
+            priors.append(read_distribution(rules, prepared, [s for s, _ in rows], [k for _, k in rows],
+                                            temperature))
+        strength, floor = (defaults.strength, defaults.floor) if defaults is not None else (1.0, 0.0)
+        dist, adjusted, prior_shown = divide_prior(dist, priors, strength, floor)
+        what = "the state" if mode.question is None else "the state and the instructions"
+        readout += (f"; debiased ({mode.name}): the same prompts with {what} replaced by content-free text, read the "
+                    f"same way, mixed with the uniform ({floor:g} of it), raised to the strength {strength:g} and "
+                    f"divided out")
+        debias = {**mode.describe(), "strength": strength, "floor": floor}
     first = prepared.orders[mine[0]]
     logits = read.scores[mine[0]].first_token_logits
     answer: dict[str, float]
     if kind == "noul" and rules.type == "lev":
-        noul = lev_noul(shown)
+        noul = lev_noul(dist)
         probabilities: tuple[float, ...] = (noul, 1.0 - noul)  # the request's order: true, false
         option_logits = tuple(logits)  # the 9 ratings' logits, A..I
         answer = {"noul": noul}
+        if prior_shown is not None:
+            prior_noul = lev_noul(prior_shown)
+            prior_shown = (prior_noul, 1.0 - prior_noul)
     else:
-        by_request = [0.0] * n
         raw = [0.0] * n
         for position, index in enumerate(first):
-            by_request[index] = shown[position]
             raw[index] = logits[position]
-        probabilities, option_logits = tuple(by_request), tuple(raw)
+        probabilities, option_logits = tuple(dist), tuple(raw)
         if kind == "noul":
             answer = {"noul": probabilities[0]}  # the request's first option is true
         elif kind == "score":
-            answer = {"score": expected_score(shown), "confidence": score_confidence(shown)}
+            answer = {"score": expected_score(dist), "confidence": score_confidence(dist)}
         else:
-            answer = {"confidence": choice_confidence(shown)}
-    readout = rules.describe() + f"; temperature {temperature:g} ({kind}, {n} options: bucket {rules.bucket(n)})"
+            answer = {"confidence": choice_confidence(dist)}
     return Scored(
         probabilities=probabilities,
         option_logits=option_logits,
@@ -465,6 +581,9 @@ def combine_question(rules: LetterRules, prepared: Prepared, read: Readouts, i: 
         readout=readout,
         label_mass=sum(read.scores[k].label_mass for k in mine) / len(mine),
         top_token_is_label=all(read.scores[k].top_token_is_label for k in mine),
+        adjusted_logits=tuple(adjusted),
+        debias=debias,
+        prior=prior_shown,
         answer=answer,
         temperature=temperature)
 
@@ -476,8 +595,9 @@ class LetterReadout:
     kind = "decision-gguf"
 
     def __init__(self, decision: DecisionFile, engine: Any, tokenizer: Tokenizer, limits: Limits,
-                 control_texts: Sequence[str]):
+                 control_texts: Sequence[str], defaults: Defaults | None = None):
         self.decision = decision
+        self.defaults = defaults  # the strength and floor of a prior a request asks for (ADAPTER_DEBIAS_*)
         self.rules = rules_for(decision, tokenizer)
         self.template = SystemOneTemplate(decision.template)
         self.preparer = LetterPreparer(engine, tokenizer, self.rules, self.template, limits, control_texts)
@@ -490,7 +610,8 @@ class LetterReadout:
         return self.rules.max_options
 
     def combine(self, prepared: Prepared, read: Readouts) -> list[Scored]:
-        return [combine_question(self.rules, prepared, read, i) for i in range(len(prepared.questions))]
+        return [combine_question(self.rules, prepared, read, i, self.defaults)
+                for i in range(len(prepared.questions))]
 
     def text(self, prepared: Prepared, k: int) -> str:
         """Prompt ``k``'s whole text, rendered again (what ``prepare`` hashed)."""

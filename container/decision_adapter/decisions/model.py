@@ -168,7 +168,8 @@ class DecisionModel:
             self._prompt_text = self._own_prompt_text
             self.max_options = MAX_OPTIONS
         else:
-            self.letter = LetterReadout(decision, engine, engine.vocabulary, limits, engine.vocabulary.control_texts)
+            self.letter = LetterReadout(decision, engine, engine.vocabulary, limits, engine.vocabulary.control_texts,
+                                         self.defaults)
             self.layout = None
             self.prompt_version = self.letter.version
             self.preparer = self.letter.preparer
