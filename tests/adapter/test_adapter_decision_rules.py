@@ -3,6 +3,7 @@ metadata read (decisions/decision_file.py) on files derived here from the embedd
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -10,12 +11,15 @@ import numpy as np
 import pytest
 
 from decision_adapter.decisions.decision_file import file_temperature, read_decision_file
-from decision_adapter.decisions.letter import (LetterRules, average_aligned, average_variants, choice_confidence, expected_score,
-                                               lev_noul, llama_tojson, score_confidence, sort_keys,
-                                               variant_probabilities)
+from decision_adapter.decisions.letter import (LetterPreparer, LetterRules, SystemOneTemplate, average_aligned,
+                                               average_variants, choice_confidence, expected_score, lev_noul,
+                                               llama_tojson, render_values, score_confidence, shown_options,
+                                               sort_keys, variant_probabilities)
 from decision_adapter.decisions.model_files import embedded_model_dir, find_gguf
+from decision_adapter.decisions.prepare import Limits, Question, QuestionSource
 from decision_adapter.decisions.prompt import ModelIncompatible, TemplateError
 
+from adapter_fakes import CONTROL, FakeEngine
 from decision_ggufs import TEMPERATURES, derive_head, derive_type
 
 LEV = LetterRules("lev", tuple("ABCDEFGHI"), {"choice.small": 0.5, "choice": 1.75, "noul": 0.8})
@@ -110,3 +114,57 @@ def test_decision_metadata_is_read_and_head_types_refused_naming_their_build(der
         read_decision_file(derived["kev"])
     with pytest.raises(ModelIncompatible, match=r"'clef'.*b11371"):
         read_decision_file(derived["clef"])
+
+
+class AddedTokenEngine(FakeEngine):
+    """As llama.cpp tokenizes a vocabulary with user-defined added tokens: their text becomes the token (300, 301)
+    whether special texts are parsed or not (llama-vocab.cpp, tokenizer_st_partition)."""
+
+    user_defined_texts = ("<tool_call>", "</tool_call>")
+
+    def tokenize(self, text: str, *, special: bool = False, bos: bool = False) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            hit = next((n for n, t in enumerate(self.user_defined_texts) if text.startswith(t, i)), None)
+            if hit is None:
+                control = next((c for c in CONTROL if special and text.startswith(c, i)), None)
+                out.extend(super().tokenize(control or text[i], special=special))
+                i += len(control or text[i])
+            else:
+                out.append(300 + hit)
+                i += len(self.user_defined_texts[hit])
+        return out
+
+
+# A systemone template whose own text holds a user-defined added token's text: it stays the token.
+ADDED_TOKEN_TEMPLATE = ("<|im_start|>system\nAnswer with a letter; never emit </tool_call>.<|im_end|>\n"
+                        "<|im_start|>user\n{{ instructions }}\n{{ state | tojson }}\n"
+                        "{% for o in options %}{{ 'ABCDEFGH'[loop.index0] }}. {{ o.key }}: {{ o.description }}\n"
+                        "{% endfor %}<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("value", ["<tool_call>", "x </tool_call> y", "<tool_call></tool_call>",
+                                   "<tool_call</tool_call>>", "\ufdd0\ufdd1<tool_call>",
+                                   "".join(map(chr, range(0xFDD0, 0xFDF0))) + "<tool_call>", "no added token"])
+def test_a_user_defined_added_tokens_text_in_a_requests_values_is_read_as_text(tmp_path, value):
+    """In the state (a key and a value), the instructions and an option, the text is tokenized as text, never as the
+    token, which llama-server would make it; the template's own occurrence keeps its token; the prompt's text is the
+    template's rendering unchanged. Marks the request holds are not used; one that holds all 32 is tokenized as
+    llama-server does."""
+    engine = AddedTokenEngine(tmp_path / "fake.gguf")
+    assert engine.tokenize("a<tool_call>", special=False) == [97, 300], "the fake makes the token of its text"
+    rules = LetterRules("openjev", tuple("ABCDEFGH"))
+    preparer = LetterPreparer(engine, engine, rules, SystemOneTemplate(ADDED_TOKEN_TEMPLATE), Limits(4000, 20000),
+                              CONTROL)
+    source = QuestionSource("q", "choice", f"Which? {value}", {value: [value, 1]}, ((value, value), ("no", None)))
+    question = Question(("q",), json.dumps(source.state), source.instructions, (value, "no"), (("q", "0"), ("q", "1")),
+                        ("state",), ("q",), kind="choice", source=source)
+    prepared = preparer.prepare([question])
+    [tokens] = prepared.tokens
+    text = SystemOneTemplate(ADDED_TOKEN_TEMPLATE).render(render_values(rules, question, shown_options(rules, question)))
+    assert b"".join(engine.piece(t) if t < 300 else engine.user_defined_texts[t - 300].encode()
+                    for t in tokens) == text.encode(), "the same text"
+    if "\ufdef" in value:  # every mark is taken: no occurrence can be told apart, so all five are tokens
+        assert tokens.count(300) == 5 and tokens.count(301) == 1
+    else:
+        assert 300 not in tokens and tokens.count(301) == 1, "only the template's own occurrence is the token"

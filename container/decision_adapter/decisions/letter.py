@@ -6,7 +6,9 @@ bundled llama.cpp runs unchanged:
 - the prompt is the file's ``tokenizer.chat_template.systemone`` template, rendered in a sandboxed Jinja
   environment with the request's own JSON values (``id``, ``type``, ``instructions``, ``state``, ``options`` of
   ``{key, description, label?}``, ``images``), then tokenized whole with special tokens parsed and no BOS added
-  (the template writes what the model expects); user text cannot carry control tokens (the protocols refuse it);
+  (the template writes what the model expects); user text cannot carry control tokens (the protocols refuse it),
+  and the text of a user-defined added token (Qwen2.5's ``<tool_call>``) in a request's value is read as text, as on
+  the plain route (``LetterPreparer.prompt_tokens``; llama-server would make it the token);
 - the options are labelled with the type's label set (``LetterRules.labels``) and read as the logits of those
   labels' single tokens at the last prompt position;
 - each variant is a softmax in float64 at the file's temperature for the question type and option-count bucket;
@@ -31,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import string
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -45,7 +48,9 @@ from ..errors import InputError
 from .combine import Defaults, Readouts, Scored
 from .debias import MODES, OFF, DebiasMode, content_free, floored
 from .decision_file import DecisionFile
-from .prepare import Limits, Prepared, PriorJob, Question, Tokenizer, _Budget, orderings
+from .literals import literal_pattern
+from .prepare import (Limits, Prepared, PriorJob, Question, Tokenizer, _Budget, cut_inside, orderings,
+                      tokenized_in_pieces)
 from .prompt import ModelIncompatible, TemplateError
 
 LEV_RATINGS = 9  # lev reads noul from a rating scale: A = certainly no .. I = certainly yes
@@ -328,6 +333,46 @@ def render_values(rules: LetterRules, question: Question, shown: Sequence[Shown]
     return values
 
 
+# Put around each user-defined added token's text in a request's values while rendering, to find where it lands in
+# the prompt: two of Unicode's noncharacters U+FDD0..U+FDEF that the prompt does not hold (tojson and templates pass
+# them through as they are); a prompt holding all 32 is tokenized whole, as llama-server tokenizes it.
+MARKS = tuple(chr(c) for c in range(0xFDD0, 0xFDF0))
+
+
+def marked(value: Any, pattern: Any, marks: tuple[str, str]) -> Any:
+    """``value`` (a template's values) with every match of ``pattern`` in its strings, keys included, put between
+    the two ``marks``; the objects' key order kept."""
+    if isinstance(value, str):
+        return pattern.sub(lambda m: marks[0] + m.group() + marks[1], value)
+    if isinstance(value, dict):
+        return {marked(key, pattern, marks): marked(item, pattern, marks) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [marked(item, pattern, marks) for item in value]
+    return value
+
+
+def unmarked(text: str, marks: tuple[str, str]) -> tuple[str, list[tuple[int, int]]]:
+    """The text without its marks, and the spans (in it) that were marked; ValueError when the marks do not pair
+    (a template that cut a value)."""
+    out, spans, start, position = [], [], None, 0
+    for piece in re.split(f"([{marks[0]}{marks[1]}])", text):
+        if piece == marks[0]:
+            if start is not None:
+                raise ValueError("nested marks")
+            start = position
+        elif piece == marks[1]:
+            if start is None:
+                raise ValueError("a mark closed that was not opened")
+            spans.append((start, position))
+            start = None
+        else:
+            out.append(piece)
+            position += len(piece)
+    if start is not None:
+        raise ValueError("a mark left open")
+    return "".join(out), spans
+
+
 class LetterPreparer:
     """A request's questions rendered with the file's template, tokenized, budgeted and planned: a ``Prepared``
     the scheduler runs like any other (``orders``: the options each variant shows, in label order)."""
@@ -343,6 +388,7 @@ class LetterPreparer:
         self.ceiling = min(limits.max_prompt_tokens, engine.ctx_tokens - 2, engine.train_ctx_tokens)
         self.label_tokens = {label: tokenizer.tokenize(label)[0] for label in rules.labels}
         self._tries: dict[int, LabelTrie] = {}
+        self.user_defined = literal_pattern(tokenizer.user_defined_texts)
         self.head_tokens = self._head(control_texts)
 
     def labels(self, n_outputs: int, kind: str | None = None) -> tuple[str, ...]:
@@ -396,8 +442,9 @@ class LetterPreparer:
             digest = hashlib.sha256()
             shown_orders = self._orders(q)
             for v, order in enumerate(shown_orders):
-                text = self.template.render(render_values(self.rules, q, order))
-                tokens.append(self._tokens(q, text, "a prompt"))
+                values = render_values(self.rules, q, order)
+                text = self.template.render(values)
+                tokens.append(self._tokens(q, values, text, "a prompt"))
                 tries.append(self.trie(self.rules.outputs(q.source.type, n)))
                 orders.append(tuple(e.index for e in order))
                 owners.append(i)
@@ -434,12 +481,34 @@ class LetterPreparer:
                              f"GGUF: {what}", kind="value_error.not_supported")
         return [[shown[j] for j in order] for order in orderings([e.key for e in shown], q.permutations)]
 
-    def _tokens(self, q: Question, text: str, what: str) -> tuple[int, ...]:
+    def _tokens(self, q: Question, values: Mapping[str, Any], text: str, what: str) -> tuple[int, ...]:
         self._bound(q, text)
-        prompt = tuple(self.tokenizer.tokenize(text, special=True))
+        prompt = tuple(self.prompt_tokens(values, text))
         if len(prompt) > self.ceiling:
             raise self._too_long(q, f"{what} of {len(prompt)} tokens")
         return prompt
+
+    def prompt_tokens(self, values: Mapping[str, Any], text: str) -> list[int]:
+        """``text``, the template rendered with ``values``, tokenized with special texts parsed, but a user-defined
+        added token's text that comes from the request's values read as text, as on the plain route: rendered again
+        with those occurrences marked to find them, and each cut inside (``prepare.cut_inside``). The template's own
+        text keeps its tokens. Without such an occurrence (SmolLM2 has no user-defined token): tokenized whole."""
+        if self.user_defined is None or self.user_defined.search(text) is None:
+            return self.tokenizer.tokenize(text, special=True)
+        free = [mark for mark in MARKS if mark not in text][:2]
+        try:
+            if len(free) < 2:
+                raise ValueError("the prompt holds every mark")
+            plain, spans = unmarked(self.template.render(marked(values, self.user_defined, (free[0], free[1]))),
+                                    (free[0], free[1]))
+        except ValueError:
+            plain, spans = "", []
+        if plain != text:
+            # The template changed what it was given (a filter on the values), or the prompt holds all 32 marks: no
+            # occurrence can be told from the template's own, so the prompt is tokenized as llama-server does.
+            return self.tokenizer.tokenize(text, special=True)
+        return tokenized_in_pieces(self.tokenizer, text, [start + cut_inside(text[start:end]) for start, end in spans],
+                                   special=True)
 
     def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], orders: Sequence[tuple[int, ...]],
                 owners: Sequence[int], tries: Sequence[LabelTrie], where: Any,
@@ -463,10 +532,9 @@ class LetterPreparer:
                 replaced = dataclasses.replace(q, source=dataclasses.replace(
                     source, state=text, instructions=source.instructions if mode.question is None else mode.question))
                 for k in (k for k, owner in enumerate(owners) if owner == i):
-                    rendered = self.template.render(render_values(self.rules, replaced,
-                                                                  [by_index[j] for j in orders[k]]))
+                    values = render_values(self.rules, replaced, [by_index[j] for j in orders[k]])
                     members.setdefault((text, mode.question), []).append(
-                        (k, self._tokens(q, rendered, "a prior prompt")))
+                        (k, self._tokens(q, values, self.template.render(values), "a prior prompt")))
         priors = []
         for (text, question_text), rows in members.items():
             spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows])

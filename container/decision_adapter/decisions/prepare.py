@@ -40,22 +40,31 @@ class Tokenizer(Protocol):
 def text_tokens(tokenizer: Tokenizer, user_defined: re.Pattern[str] | None, text: str) -> list[int]:
     """``text`` (the request's) tokenized as text. llama.cpp splits a user-defined added token's text out of any
     text, special texts parsed or not (llama-vocab.cpp, ``tokenizer_st_partition``); so each occurrence of one
-    (``user_defined``: their pattern) is cut where a run of letters in it ends before a character that is no letter
-    or space (a word boundary of the BPE pre-tokenizers: ``<tool`` | ``_call>``), else after its first character,
-    and the pieces are tokenized on their own: none becomes the token. A text without one is tokenized whole."""
+    (``user_defined``: their pattern) is cut (``cut_inside``) and the pieces are tokenized on their own: none becomes
+    the token. A text without one is tokenized whole."""
     if user_defined is None:
         return tokenizer.tokenize(text)
-    cuts, match = set(), user_defined.search(text)
+    cuts, match = [], user_defined.search(text)
     while match:
-        literal = match.group()
-        inner = next((i for i in range(1, len(literal)) if literal[i - 1].isalpha()
-                      and not (literal[i].isalpha() or literal[i].isspace())), 1)
-        cuts.add(match.start() + inner)
+        cuts.append(match.start() + cut_inside(match.group()))
         match = user_defined.search(text, match.start() + 1)
+    return tokenized_in_pieces(tokenizer, text, cuts)
+
+
+def cut_inside(literal: str) -> int:
+    """Where to cut a user-defined added token's text so that neither piece holds it: where a run of letters in it
+    ends before a character that is no letter or space (a word boundary of the BPE pre-tokenizers: ``<tool`` |
+    ``_call>``), else after its first character."""
+    return next((i for i in range(1, len(literal)) if literal[i - 1].isalpha()
+                 and not (literal[i].isalpha() or literal[i].isspace())), 1)
+
+
+def tokenized_in_pieces(tokenizer: Tokenizer, text: str, cuts: Sequence[int], *, special: bool = False) -> list[int]:
+    """``text`` cut at ``cuts`` and each piece tokenized on its own (whole when there are no cuts)."""
     if not cuts:
-        return tokenizer.tokenize(text)
-    bounds = [0, *sorted(cuts), len(text)]
-    return [token for a, b in zip(bounds, bounds[1:]) for token in tokenizer.tokenize(text[a:b])]
+        return tokenizer.tokenize(text, special=special)
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    return [token for a, b in zip(bounds, bounds[1:]) for token in tokenizer.tokenize(text[a:b], special=special)]
 
 
 def orderings(keys: Sequence[str], k: int) -> list[tuple[int, ...]]:
