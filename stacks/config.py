@@ -517,7 +517,9 @@ def _execution_role_name(name_prefix: str, kind: str) -> str:
 class ArtifactSource(_Settings):
     """The environment named by ``artifacts_from``, as far as its consumer needs it (read by load_environment)."""
     name: str
-    account: str | None          # its cdk.json account, else the CLI's; None where neither is known
+    # Its account and region as cdk.json names them; None where it leaves them to the caller's credentials, which
+    # need not be those it was deployed with, so nothing is compared with them.
+    account: str | None
     region: str | None
     model_pin: str               # its build.model_pin: what an unpinned consumer's endpoints are sized for
 
@@ -743,7 +745,7 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
             "default_region": default_region, "environments": environments})
     except ValidationError as error:
         raise ConfigError([_message(root, problem) for problem in error.errors()] + shared) from None
-    source, source_problems = _artifact_source(environments, config, default_account, default_region)
+    source, source_problems = _artifact_source(environments, config)
     consumers, consumer_problems = _artifact_consumers(environments, config)
     problems = shared + source_problems + consumer_problems
     if problems:
@@ -764,16 +766,16 @@ def _location_of(environments: Mapping[str, Any], name: str, key: str, default: 
     return None if key in _required_location(environments[name]) else default
 
 
-def _artifact_source(environments: Mapping[str, Any], config: EnvironmentConfig, default_account: str | None,
-                     default_region: str | None) -> tuple[ArtifactSource | None, list[str]]:
+def _artifact_source(environments: Mapping[str, Any],
+                     config: EnvironmentConfig) -> tuple[ArtifactSource | None, list[str]]:
     """The environment that artifacts_from names (already checked to build), and the problems of the pair: it must
-    deploy to the same region, and image pins must name its account."""
+    deploy to the same region, and image pins must name its account (where cdk.json names them)."""
     if config.artifacts_from is None:
         return None, []
     name = config.artifacts_from
     source = ArtifactSource(
-        name=name, account=_location_of(environments, name, "account", default_account),
-        region=_location_of(environments, name, "region", default_region),
+        name=name, account=_location_of(environments, name, "account", None),
+        region=_location_of(environments, name, "region", None),
         model_pin=str(_get(environments[name], "build", "model_pin")))
     problems = []
     if source.region is not None and config.region is not None and source.region != config.region:

@@ -52,6 +52,14 @@ def stack_kinds(env: str) -> tuple[str, ...]:
 
 
 BUILDERS = tuple(env for env in ENVIRONMENTS if builds(env))
+
+
+def rebuilding(environment: dict[str, Any]) -> None:
+    """An edit: the environment builds its own artifacts again (docs/deploy.md: rebuilding for prod): dev's build
+    section (prod's 90 days of build logs) instead of artifacts_from, pins in its own repository and bucket."""
+    environment.pop("artifacts_from", None)
+    environment["build"] = {**cdk_json_context()["environments"]["dev"]["build"], "log_retention_days": 90}
+    environment["pins"] = copy.deepcopy(TEST_PINS)
 # (environment, stack kind) of every stack cdk.json's environments have, for tests parametrized over both.
 ENVIRONMENT_STACKS = tuple((env, kind) for env in ENVIRONMENTS for kind in stack_kinds(env))
 

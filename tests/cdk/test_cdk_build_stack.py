@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import yaml
 from aws_cdk.assertions import Match
@@ -226,17 +224,9 @@ def test_the_image_source_is_the_container_folder(builder):
     assert not [n for n in names if n.endswith((".whl", ".pyc"))]
 
 
-def rebuilding(environment):
-    """prod building its own artifacts again (docs/deploy.md: rebuilding for prod): a build section instead of
-    artifacts_from, pins in its own repository and bucket."""
-    environment.pop("artifacts_from")
-    environment["build"] = {**cdk_testkit.cdk_json_context()["environments"]["dev"]["build"], "log_retention_days": 90}
-    environment["pins"] = copy.deepcopy(cdk_testkit.TEST_PINS)
-
-
 def test_the_same_sources_give_the_same_asset_hashes(dev):
     # The assets depend on the source files only, not on the environment or the synthesis.
-    prod = cdk_testkit.synthesized_with("prod", rebuilding)
+    prod = cdk_testkit.synthesized_with("prod", cdk_testkit.rebuilding)
     assert source_asset(dev, "ModelBuild")["path"] == source_asset(prod, "ModelBuild")["path"]
     assert source_asset(dev, "CpuImageBuild")["path"] == source_asset(prod, "CpuImageBuild")["path"]
     # Rebuilt, prod's logs are kept 90 days and retained with its artifacts.

@@ -569,3 +569,11 @@ def test_artifacts_from_problems_are_named_by_key_path(edits, env, expected):
     with pytest.raises(ConfigError) as error:
         load_environment(environments_with(**edits), env, model_pins=cdk_app.model_pin_names())
     assert expected in str(error.value), str(error.value)
+
+
+def test_the_sources_location_is_compared_only_where_cdk_json_names_it():
+    """dev leaves account and region to the caller's credentials: a synthesis of prod elsewhere (CI in prod's
+    account, another default region) cannot tell where dev was deployed, so it compares nothing."""
+    config = parse("prod", default_account=OTHER_ACCOUNT, default_region="us-east-1")
+    assert config.artifact_source.account is None and config.artifact_source.region is None
+    assert config.pins.images.cpu.repository.account == "111122223333"
