@@ -7,6 +7,11 @@ reports every problem of the chosen environment at once, each under its key path
 ``environments.prod.gpu.instance_pools[2]: 'ml.p3.2xlarge' has an NVIDIA V100 (sm_70) ...``. So a typo never
 passes silently, and no message is pydantic's generic wording.
 
+An environment's ``artifacts_from`` names another environment whose builds it deploys; load_environment reads what
+the pair needs from the other environments of cdk.json once (``artifact_source``, and on the source's side
+``artifact_consumers``, whose execution roles its repository and bucket policies name), so that no stack reads
+context for it.
+
 Nothing here imports the CDK, so that command-line tools (``python -m endpoint_client check-pins``) can read
 the same configuration without it.
 """
@@ -510,10 +515,6 @@ class BootstrapSettings(_Settings):
     kms_key_arn: Text(_KMS_KEY_ARN, "a KMS key ARN (arn:aws:kms:<region>:<account>:key/<key id>)") | None = None
 
 
-def _execution_role_name(name_prefix: str, kind: str) -> str:
-    return f"{name_prefix}-{kind.replace('_', '-')}-execution"
-
-
 class ArtifactSource(_Settings):
     """The environment named by ``artifacts_from``, as far as its consumer needs it (read by load_environment)."""
     name: str
@@ -534,7 +535,8 @@ class ArtifactConsumer(_Settings):
     endpoint_kinds: tuple[str, ...]
 
     def execution_role_name(self, kind: str) -> str:
-        return _execution_role_name(self.name_prefix, kind)
+        # As EnvironmentConfig.execution_role_name names the role of that environment's endpoint stack.
+        return f"{self.name_prefix}-{kind.replace('_', '-')}-execution"
 
     @property
     def execution_role_names(self) -> tuple[str, ...]:
