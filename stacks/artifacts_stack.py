@@ -151,10 +151,11 @@ class ArtifactsStack(cdk.Stack):
 
     def _allow_consumers(self, config: EnvironmentConfig) -> None:
         """Each environment whose artifacts_from names this one pulls the images and reads the model archives: the
-        principal is its account, and the condition names exactly its endpoints' execution roles (never '*'). In
-        another account the role's own identity statements are needed too (stacks/endpoint_stack.py); in this one
-        they would suffice, but the statements say who else reads here either way. The bucket is SSE-S3 and the
-        repository AES256, so no KMS key policy is involved."""
+        principal is its account, and the condition names exactly its endpoints' execution roles (never '*'). From
+        another account the pull needs these statements and the roles' own identity statements
+        (stacks/endpoint_stack.py) both; from this account the identity statements alone would allow it, and these
+        say, here, who else reads. The bucket is SSE-S3 and the repository AES256, so no KMS key policy is
+        involved."""
         for consumer in config.artifact_consumers:
             if not consumer.endpoint_kinds:
                 continue

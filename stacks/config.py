@@ -759,13 +759,10 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
         "artifact_consumers": consumers})
 
 
-def _location_of(environments: Mapping[str, Any], name: str, key: str, default: str | None) -> str | None:
-    """An environment's account or region as cdk.json names it, else the CLI's; None where it must be named and is
-    not (it deploys nowhere until it is), or where neither is known."""
+def _named(environments: Mapping[str, Any], name: str, key: str) -> str | None:
+    """An environment's account or region as cdk.json names it; None where it leaves it to the caller's."""
     value = _get(environments[name], key)
-    if isinstance(value, str) and value:
-        return value
-    return None if key in _required_location(environments[name]) else default
+    return value if isinstance(value, str) and value else None
 
 
 def _artifact_source(environments: Mapping[str, Any],
@@ -776,8 +773,7 @@ def _artifact_source(environments: Mapping[str, Any],
         return None, []
     name = config.artifacts_from
     source = ArtifactSource(
-        name=name, account=_location_of(environments, name, "account", None),
-        region=_location_of(environments, name, "region", None),
+        name=name, account=_named(environments, name, "account"), region=_named(environments, name, "region"),
         model_pin=str(_get(environments[name], "build", "model_pin")))
     problems = []
     if source.region is not None and config.region is not None and source.region != config.region:

@@ -255,3 +255,13 @@ def test_across_accounts_both_policies_are_needed():
         else:
             assert not denied(without_statement)
         assert all(not v.allowed for v in without_identity), [v.line() for v in without_identity if v.allowed]
+
+
+def test_both_sides_are_cfn_lint_clean(pair):
+    """dev's artifacts stack with prod's statements, and prod's endpoint stacks on dev's artifacts, in either
+    account (cdk-nag already passed: synthesis applies it)."""
+    from test_cdk_cfn_lint import findings
+    stacks = [(pair.dev, "decision-dev-artifacts")] + [
+        (pair.prod, f"decision-prod-endpoint-{kind.replace('_', '-')}") for kind in KINDS]
+    for deployment, stack in stacks:
+        assert findings(deployment.templates[stack]) == [], stack
