@@ -5,8 +5,8 @@ The only place that reads CDK context and the CLI's environment: it parses ``env
 once into a frozen EnvironmentConfig (stacks/config.py), builds the stacks of that environment (by lifecycle:
 ``<name_prefix>-artifacts``, ``-build`` (not where ``artifacts_from`` names the environment whose builds it
 deploys), ``-monitoring``, ``-review`` (the pull-request diff role), and one ``-endpoint-<kind>`` per endpoint
-kind, from its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any
-finding that is not acknowledged with a reason.
+kind, from its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis
+fails on any finding that is not acknowledged with a reason.
 """
 
 from __future__ import annotations

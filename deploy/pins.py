@@ -60,7 +60,8 @@ def example_artifact_names(name_prefix: str) -> tuple[str, str]:
     (``<stack>-<logical id>-<suffix>``, lower case), made up for templates that are synthesized but never deployed."""
     suffix = hashlib.sha256(name_prefix.encode()).hexdigest()
     stack = f"{name_prefix}-artifacts"
-    return f"{stack}-imagerepository{suffix[:8]}-{suffix[8:20]}", f"{stack}-artifactbucket{suffix[20:28]}-{suffix[28:40]}"
+    return (f"{stack}-imagerepository{suffix[:8]}-{suffix[8:20]}",
+            f"{stack}-artifactbucket{suffix[20:28]}-{suffix[28:40]}")
 
 
 def promoted_pins(source_pins: dict[str, Any], *, account: str, region: str, repository: str,
