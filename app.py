@@ -3,9 +3,10 @@
 
 The only place that reads CDK context and the CLI's environment: it parses ``environments.<env>`` from cdk.json
 once into a frozen EnvironmentConfig (stacks/config.py), builds the stacks of that environment (by lifecycle:
-``<name_prefix>-artifacts``, ``-build``, ``-monitoring``, ``-review`` (the pull-request diff role), and one
-``-endpoint-<kind>`` per endpoint kind, from its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any
-finding that is not acknowledged with a reason.
+``<name_prefix>-artifacts``, ``-build`` (not where ``artifacts_from`` names the environment whose builds it
+deploys), ``-monitoring``, ``-review`` (the pull-request diff role), and one ``-endpoint-<kind>`` per endpoint
+kind, from its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis
+fails on any finding that is not acknowledged with a reason.
 """
 
 from __future__ import annotations
@@ -62,25 +63,29 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
 
     artifacts = ArtifactsStack(app, f"{prefix}-artifacts", config=config, **common,
                                description=f"{prefix}: artifact bucket and image repository")
-    build = BuildStack(app, f"{prefix}-build", config=config, artifacts=artifacts, **common,
-                       description=f"{prefix}: CodeBuild projects for the model archive and the images")
+    # An environment that deploys another's artifacts (artifacts_from) builds nothing: no build stack at all.
+    build = None if config.build is None else BuildStack(
+        app, f"{prefix}-build", config=config, artifacts=artifacts, **common,
+        description=f"{prefix}: CodeBuild projects for the model archive and the images")
     specs = endpoint_specs(config)
     monitoring = MonitoringStack(app, f"{prefix}-monitoring", config=config, specs=specs, **common,
                                  description=f"{prefix}: alarm topic and dashboard of the endpoints")
     review = ReviewStack(app, config.review_stack_name, config=config, **common,
                          description=f"{prefix}: the read-only role of pull requests' cdk diff")
-    stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "build": build, "monitoring": monitoring,
-                                    "review": review}
+    stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "monitoring": monitoring, "review": review,
+                                    **({} if build is None else {"build": build})}
     for spec in specs:
         endpoint = EndpointStack(app, spec.stack_name, spec=spec, artifacts=artifacts,
                                  alarm_topic=monitoring.alarm_topic, name_prefix=prefix,
+                                 execution_role_name=config.execution_role_name(spec.kind),
                                  log_retention_days=config.endpoint_log_retention_days,
                                  retain_logs=config.retain_logs, **common,
                                  description=f"{prefix}: the {spec.title} endpoint on the pinned artifacts")
         # Its IAM statements import the artifact bucket's named export (ArtifactsStack.bucket_objects_arn).
         endpoint.add_stack_dependency(artifacts)
         stacks[f"endpoint-{spec.slug}"] = endpoint
-    build.add_stack_dependency(artifacts)
+    if build is not None:
+        build.add_stack_dependency(artifacts)
     return stacks
 
 

@@ -2,7 +2,9 @@
 
 The image digests are sha256 digests of made-up manifests and the model key is the one ``python -m model_build``
 writes for the environment's ``build.model_pin`` (``models/<pin>/<gguf sha256>/model.tar.gz`` with the pin's real
-GGUF sha256, from model_build/pins.json), so that everything that checks a pin's format checks these too.
+GGUF sha256, from model_build/pins.json), so that everything that checks a pin's format checks these too. An
+environment whose ``artifacts_from`` names another gets that one's pins as full references to its repository and
+bucket (:func:`promoted_pins`), under names made up as CloudFormation generates them.
 Environments that cdk.json requires an account and region for (termination protection, retained artifacts) get
 the example account and region below, as a user's cdk.json would name theirs.
 """
@@ -48,8 +50,45 @@ def model_pin(pin_name: str) -> dict[str, str]:
 
 
 def pins_for(environment: dict[str, Any], generation: int = 1) -> dict[str, Any]:
+    """Pins of an environment that builds: digests in its own repository, the key in its own bucket."""
     return {"images": {kind: image_digest(kind, generation) for kind in IMAGE_KINDS},
             "model": model_pin(environment["build"]["model_pin"])}
+
+
+def example_artifact_names(name_prefix: str) -> tuple[str, str]:
+    """(repository, bucket) names of an environment's artifacts stack as CloudFormation generates them
+    (``<stack>-<logical id>-<suffix>``, lower case), made up for templates that are synthesized but never deployed."""
+    suffix = hashlib.sha256(name_prefix.encode()).hexdigest()
+    stack = f"{name_prefix}-artifacts"
+    return (f"{stack}-imagerepository{suffix[:8]}-{suffix[8:20]}",
+            f"{stack}-artifactbucket{suffix[20:28]}-{suffix[28:40]}")
+
+
+def promoted_pins(source_pins: dict[str, Any], *, account: str, region: str, repository: str,
+                  bucket: str) -> dict[str, Any]:
+    """The pins of an environment whose artifacts_from names the source: the source's digests as full references to
+    its repository, the source's model key with its bucket (what ``endpoint_client promote`` writes)."""
+    registry = f"{account}.dkr.ecr.{region}.amazonaws.com/{repository}"
+    images = {kind: None if digest is None else f"{registry}@{digest.rsplit('@', 1)[-1]}"
+              for kind, digest in source_pins["images"].items()}
+    model = source_pins["model"] and {**source_pins["model"], "bucket": bucket}
+    return {"images": images, "model": model}
+
+
+def pins_in(environments: dict[str, Any], name: str, generation: int = 1, *, account: str = EXAMPLE_ACCOUNT,
+            region: str = EXAMPLE_REGION) -> dict[str, Any]:
+    """Test pins of environments[name]: its own builds' (pins_for), or, where artifacts_from names a source, the
+    source's builds named by full reference in the source's (made-up) repository and bucket, in the source's account
+    and region where cdk.json names them, else ``account`` and ``region``."""
+    environment = environments[name]
+    source_name = environment.get("artifacts_from")
+    if not source_name:
+        return pins_for(environment, generation)
+    source = environments[source_name]
+    repository, bucket = example_artifact_names(source["name_prefix"])
+    return promoted_pins(pins_for(source, generation), account=source.get("account") or account,
+                         region=source.get("region") or environment.get("region") or region, repository=repository,
+                         bucket=bucket)
 
 
 def needs_location(environment: dict[str, Any]) -> bool:
@@ -65,11 +104,13 @@ def pinned_context(context: dict[str, Any], *, generation: int = 1, account: str
     account and region (the rehearsal's), so, as a user's cdk.json would, only the first one creates what an
     account has once (GitHub's OIDC provider, the transform log group; stacks/config.py refuses two)."""
     context = copy.deepcopy(context)
-    for index, environment in enumerate(context["environments"].values()):
+    environments = context["environments"]
+    pins = {name: pins_in(environments, name, generation, account=account, region=region) for name in environments}
+    for index, (name, environment) in enumerate(environments.items()):
         if one_account and index > 0:
             environment["review"] = {**environment.get("review", {}), "create_oidc_provider": False}
             environment["create_transform_log_group"] = False
-        environment["pins"] = pins_for(environment, generation)
+        environment["pins"] = pins[name]
         review = environment.get("review", {})
         if not review.get("github_repository"):
             environment["review"] = {**review, "github_repository": EXAMPLE_REPOSITORY}

@@ -13,8 +13,12 @@ says localhost) and made-up credentials:
    EndpointConfig with the new image, the endpoint names unchanged;
 4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
    each one moto cannot show says why;
-5. ``npx cdk deploy -c env=prod`` of prod's monitoring stack, and ``npx cdk destroy`` of it refused by its
-   termination protection;
+5. prod from dev's artifacts (``artifacts_from: dev``): prod's pins written from what dev serves (its endpoints'
+   Models: full references into dev's repository, the archive in dev's bucket; :func:`pins_from_source`, a stand-in
+   for ``python -m endpoint_client promote --from dev --to prod``), ``npx cdk deploy -c env=prod --all``: no build
+   stack, every other stack CREATE_COMPLETE and protected, each endpoint InService on a Model naming dev's image
+   digest and model data URL; then ``npx cdk destroy`` of prod's monitoring stack refused by its termination
+   protection;
 6. ``npx cdk destroy -c env=dev --all``: every dev stack gone, and their exports.
 
 It ends with the acceptance report of step 4.
@@ -168,20 +172,30 @@ class Rehearsal:
         return {e["Name"]: e["Value"] for page in cloudformation.get_paginator("list_exports").paginate()
                 for e in page["Exports"]}
 
+    def cdk_json(self) -> dict[str, Any]:
+        return json.loads((self.checkout / "cdk.json").read_text())
+
     def stack_names(self, env: str) -> list[str]:
-        prefix = json.loads((self.checkout / "cdk.json").read_text())["context"]["environments"][env]["name_prefix"]
-        return [f"{prefix}-{kind}" for kind in ("artifacts", "build", "monitoring", "review", "endpoint-cpu",
-                                                "endpoint-gpu", "endpoint-text-generation")]
+        """The environment's stacks: no build stack where it takes its artifacts from another (artifacts_from)."""
+        environment = self.cdk_json()["context"]["environments"][env]
+        kinds = ("artifacts", "build", "monitoring", "review", "endpoint-cpu", "endpoint-gpu",
+                 "endpoint-text-generation")
+        return [f"{environment['name_prefix']}-{kind}" for kind in kinds
+                if kind != "build" or not environment.get("artifacts_from")]
 
     def endpoint_images(self, endpoint_name: str) -> tuple[str, str]:
         """(EndpointConfig name, the image of its model) of a deployed endpoint."""
-        sagemaker = self.client("sagemaker")
-        endpoint = sagemaker.describe_endpoint(EndpointName=endpoint_name)
-        check(endpoint["EndpointStatus"] == "InService", f"{endpoint_name} is {endpoint['EndpointStatus']}")
-        config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
-        (variant,) = config["ProductionVariants"]
-        model = sagemaker.describe_model(ModelName=variant["ModelName"])
-        return endpoint["EndpointConfigName"], model["PrimaryContainer"]["Image"]
+        config_name, container = self.endpoint_container(endpoint_name)
+        return config_name, container["Image"]
+
+    def endpoint_container(self, endpoint_name: str) -> tuple[str, dict[str, Any]]:
+        """(EndpointConfig name, its model's PrimaryContainer) of a deployed endpoint, which must be InService."""
+        return endpoint_container(self.client("sagemaker"), endpoint_name)
+
+    def write_pins(self, env: str, pins: dict[str, Any]) -> None:
+        cdk_json = self.cdk_json()
+        cdk_json["context"]["environments"][env]["pins"] = pins
+        (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
 
     def check_skipped_resource_types(self, stack_names: list[str]) -> None:
         """The resources moto did not create are exactly of the types docs/deploy.md lists as missing from moto."""
@@ -252,11 +266,27 @@ class Rehearsal:
         self.log("4. acceptance -c env=dev (moto)")
         self.acceptance = self.accept()
 
-        self.log("5. prod: termination protection refuses a destroy")
+        self.log("5. prod from dev's artifacts: deploy prod --all, then termination protection refuses a destroy")
+        self.write_pins("prod", pins_from_source(self.client("sagemaker"), endpoints))
+        self.cdk("deploy", "-c", "env=prod", "--all", "--require-approval", "never")
+        prod, stacks = self.stack_names("prod"), self.stacks()
+        check("decision-prod-build" not in stacks and "decision-prod-build" not in prod,
+              "prod has a build stack, though it takes its artifacts from dev")
+        for name in prod:
+            stack = stacks.get(name, {})
+            check(stack.get("StackStatus") == "CREATE_COMPLETE", f"{name}: {stack.get('StackStatus', 'missing')}")
+            check(stack.get("EnableTerminationProtection") is True, f"{name} is not protected")
+        for kind, endpoint_name in endpoints.items():
+            _, dev_container = self.endpoint_container(endpoint_name)
+            prod_endpoint = endpoint_name.replace("decision-dev-", "decision-prod-")
+            _, prod_container = self.endpoint_container(prod_endpoint)
+            for key in ("Image", "ModelDataUrl"):
+                check(prod_container[key] == dev_container[key],
+                      f"{prod_endpoint}'s Model has {key} {prod_container[key]}, dev's {dev_container[key]}")
+            check(prod_container["Image"].endswith("@" + image_digest(kind, 2)), f"{prod_endpoint} runs "
+                  f"{prod_container['Image']}, not dev's accepted digest")
+        self.log(f"  prod's {len(endpoints)} endpoints run dev's image digests and model archive; no prod build stack")
         protected = "decision-prod-monitoring"
-        self.cdk("deploy", "-c", "env=prod", protected, "--exclusively", "--require-approval", "never")
-        stack = self.stacks()[protected]
-        check(stack.get("EnableTerminationProtection") is True, f"{protected} is not protected: {stack}")
         refused = self.cdk("destroy", "-c", "env=prod", protected, "--exclusively", "--force", expect_failure=True)
         check("TerminationProtection" in refused.stdout + refused.stderr,
               f"destroy failed for another reason:\n{(refused.stdout + refused.stderr)[-3000:]}")
@@ -314,6 +344,32 @@ class Rehearsal:
               f"acceptance reported {sorted(states)}:\n{done.stdout[-4000:]}")
         self.log(f"  {lines[-1]}")
         return lines
+
+
+def endpoint_container(sagemaker: Any, endpoint_name: str) -> tuple[str, dict[str, Any]]:
+    """(EndpointConfig name, its model's PrimaryContainer) of a deployed endpoint, which must be InService."""
+    endpoint = sagemaker.describe_endpoint(EndpointName=endpoint_name)
+    check(endpoint["EndpointStatus"] == "InService", f"{endpoint_name} is {endpoint['EndpointStatus']}")
+    config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
+    (variant,) = config["ProductionVariants"]
+    return endpoint["EndpointConfigName"], sagemaker.describe_model(ModelName=variant["ModelName"])["PrimaryContainer"]
+
+
+def pins_from_source(sagemaker: Any, source_endpoints: dict[str, str]) -> dict[str, Any]:
+    """The pins of an environment whose artifacts_from names the source, from what the source's endpoints serve:
+    each kind's image as its Model names it (the full reference into the source's repository, by digest), and the
+    model archive's key, GGUF sha256 and bucket from the Model's data URL.
+
+    The stand-in for ``python -m endpoint_client promote --from dev --to prod`` (which also requires dev's latest
+    acceptance report to have passed for these digests); the promote integration replaces this function."""
+    images, archives = {}, set()
+    for kind, endpoint_name in source_endpoints.items():
+        _, container = endpoint_container(sagemaker, endpoint_name)
+        images[kind] = container["Image"]
+        archives.add(container["ModelDataUrl"])
+    check(len(archives) == 1, f"the source's endpoints serve different model archives: {sorted(archives)}")
+    bucket, _, key = archives.pop().removeprefix("s3://").partition("/")
+    return {"images": images, "model": {"s3_key": key, "gguf_sha256": key.split("/")[2], "bucket": bucket}}
 
 
 def rehearse(log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:

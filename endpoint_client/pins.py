@@ -2,8 +2,9 @@
 
 Before ``npx cdk deploy``, for every endpoint the environment lists: the pinned image digest exists in its
 repository (the project repository from the artifacts stack's outputs, or the private ECR repository of a pinned
-URI) as a Docker image manifest (schema 2, the only kind SageMaker pulls: an OCI manifest or an index is refused
-with "Unsupported manifest media type"), and the pinned model archive exists in the artifact bucket. An image in the project repository must also
+URI, e.g. the artifact source's) as a Docker image manifest (schema 2, the only kind SageMaker pulls: an OCI
+manifest or an index is refused with "Unsupported manifest media type"), and the pinned model archive exists in the
+artifact bucket, or in the bucket the pin names (the artifact source's). An image in the project repository must also
 carry its protective tag ``pinned-<digest hex>``, which the repository's first lifecycle rule never expires
 (stacks/artifacts_stack.py); ``--protect`` adds the tags that are missing (ECR PutImage of the same manifest
 under one more tag: the repository's tags are immutable, the digest stays).
@@ -91,7 +92,8 @@ def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[Pi
                                       protected=None, note="another repository: its own lifecycle rules apply",
                                       media_type=details and details.get("imageManifestMediaType")))
     if config.pins.model is not None:
-        bucket, object_key = outputs["ArtifactBucketName"], config.pins.model.s3_key
+        # The pin's own bucket where it names one (the artifact source's, artifacts_from), else this environment's.
+        bucket, object_key = config.pins.model.bucket or outputs["ArtifactBucketName"], config.pins.model.s3_key
         statuses.append(PinStatus(config.key("pins", "model"), f"s3://{bucket}/{object_key}",
                                   exists=_object_exists(aws.client("s3"), bucket, object_key), protected=None))
     return statuses

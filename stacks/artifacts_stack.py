@@ -10,12 +10,18 @@ SageMaker's transform-job group, which this stack creates where ``create_transfo
 Logs may use it for this account's log groups in this region only. The key and the log groups are retained with
 the artifacts (``EnvironmentConfig.retain_logs``): a retained log group whose key were deleted could not be read.
 
+Where other environments of cdk.json take their artifacts from this one (their ``artifacts_from``), the repository
+policy and the bucket policy let exactly those environments' endpoint execution roles pull the images and read
+the model archives (``models/``), in the same account or another.
+
 Every value another stack imports is exported explicitly (``export_value``), so that the export stays whether or
 not any stack imports it at the moment: CloudFormation refuses to remove an export that a stack still imports, and
 an automatic export would disappear with its last importer.
 """
 
 from __future__ import annotations
+
+import re
 
 import aws_cdk as cdk
 from aws_cdk import aws_ecr as ecr
@@ -26,7 +32,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks import nag
-from stacks.config import PINNED_TAG_PREFIX, TRANSFORM_LOG_GROUP, EnvironmentConfig
+from stacks.config import MODEL_PREFIX, PINNED_TAG_PREFIX, TRANSFORM_LOG_GROUP, EnvironmentConfig
 from stacks.retention import retention_days
 
 # Tag prefixes the builds push under; the ECR lifecycle keeps the newest images of each.
@@ -136,10 +142,35 @@ class ArtifactsStack(cdk.Stack):
         for value in (self.bucket.bucket_name, self.repository.repository_name, self.repository.repository_arn):
             self.export_value(value)
 
+        self._allow_consumers(config)
+
         cdk.CfnOutput(self, "ArtifactBucketName", value=self.bucket.bucket_name,
                       description="Model archives (models/) and image-digest records (image-digests/)")
         cdk.CfnOutput(self, "ImageRepositoryUri", value=self.repository.repository_uri,
                       description="Adapter images and the mirrored llama.cpp DLC image; pin them by digest")
+
+    def _allow_consumers(self, config: EnvironmentConfig) -> None:
+        """Each environment whose artifacts_from names this one pulls the images and reads the model archives: the
+        principal is its account, and the condition names exactly its endpoints' execution roles (never '*'). From
+        another account the pull needs these statements and the roles' own identity statements
+        (stacks/endpoint_stack.py) both; from this account the identity statements alone would allow it, and these
+        say, here, who else reads. The bucket is SSE-S3 and the repository AES256, so no KMS key policy is
+        involved."""
+        for consumer in config.artifact_consumers:
+            if not consumer.endpoint_kinds:
+                continue
+            account = consumer.account or cdk.Aws.ACCOUNT_ID
+            roles = [f"arn:{cdk.Aws.PARTITION}:iam::{account}:role/{name}" for name in consumer.execution_role_names]
+            only_its_execution_roles = {"ArnEquals": {"aws:PrincipalArn": roles}}
+            sid = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", consumer.name))
+            self.repository.add_to_resource_policy(iam.PolicyStatement(
+                sid=f"{sid}EndpointsPullImages", principals=[iam.AccountPrincipal(account)],
+                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+                conditions=only_its_execution_roles))
+            self.bucket.add_to_resource_policy(iam.PolicyStatement(
+                sid=f"{sid}EndpointsReadModelArchives", principals=[iam.AccountPrincipal(account)],
+                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{MODEL_PREFIX}*")],
+                conditions=only_its_execution_roles))
 
     def bucket_objects_arn(self, key_pattern: str) -> str:
         """ARN of the artifact-bucket objects matching key_pattern, for IAM statements in another stack."""

@@ -7,6 +7,11 @@ reports every problem of the chosen environment at once, each under its key path
 ``environments.prod.gpu.instance_pools[2]: 'ml.p3.2xlarge' has an NVIDIA V100 (sm_70) ...``. So a typo never
 passes silently, and no message is pydantic's generic wording.
 
+An environment's ``artifacts_from`` names another environment whose builds it deploys; load_environment reads what
+the pair needs from the other environments of cdk.json once (``artifact_source``, and on the source's side
+``artifact_consumers``, whose execution roles its repository and bucket policies name), so that no stack reads
+context for it.
+
 Nothing here imports the CDK, so that command-line tools (``python -m endpoint_client check-pins``) can read
 the same configuration without it.
 """
@@ -55,6 +60,9 @@ _ANY_IMAGE_BY_DIGEST = re.compile(r"^[a-z0-9.-]+(?::[0-9]+)?/[a-z0-9._/-]+@sha25
 _MODEL_KEY = re.compile(r"^models/(?P<pin>[a-z0-9._-]{1,64})/(?P<sha256>[0-9a-f]{64})/model\.tar\.gz$")
 _PIN_NAME = re.compile(r"^[a-z0-9._-]{1,64}$")
 _NAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{1,22}[a-z0-9]$")
+# S3's rules for a general purpose bucket name: 3 to 63 characters of a-z 0-9 . -, starting and ending with a
+# letter or digit, no two adjacent dots, not formatted as an IP address, no reserved prefix.
+_BUCKET_NAME = re.compile(r"^(?!\d+\.\d+\.\d+\.\d+$)(?!xn--|sthree-)(?!.*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _ACCOUNT = re.compile(r"^[0-9]{12}$")
 _REGION = re.compile(r"^[a-z]{2}(?:-[a-z]+)+-[0-9]$")
 _PARTITION = r"aws(?:-cn|-us-gov)?"
@@ -410,6 +418,9 @@ class ImagePins(_Settings):
 class ModelPin(_Settings):
     s3_key: ModelKey
     gguf_sha256: Sha256Hex
+    # The bucket that holds the archive; null: this environment's own artifact bucket. An environment with
+    # artifacts_from names its source's bucket here (python -m endpoint_client promote writes it).
+    bucket: Text(_BUCKET_NAME, "an S3 bucket name (3 to 63 characters of a-z, 0-9, '.' and '-')") | None = None
 
     @model_validator(mode="after")
     def _key_names_the_gguf(self):
@@ -504,6 +515,53 @@ class BootstrapSettings(_Settings):
     kms_key_arn: Text(_KMS_KEY_ARN, "a KMS key ARN (arn:aws:kms:<region>:<account>:key/<key id>)") | None = None
 
 
+class ArtifactSource(_Settings):
+    """The environment named by ``artifacts_from``, as far as its consumer needs it (read by load_environment)."""
+    name: str
+    # Its account and region as cdk.json names them; None where it leaves them to the caller's credentials, which
+    # need not be those it was deployed with, so nothing is compared with them.
+    account: str | None
+    region: str | None
+    model_pin: str               # its build.model_pin: what an unpinned consumer's endpoints are sized for
+
+
+class ArtifactConsumer(_Settings):
+    """An environment whose ``artifacts_from`` names this one: its endpoints pull this environment's images and
+    read its model archive, so this environment's repository and bucket policies name its execution roles."""
+    name: str
+    account: str | None          # its cdk.json account, else this environment's; None: this stack's own account
+    region: str | None
+    name_prefix: str
+    endpoint_kinds: tuple[str, ...]
+
+    def execution_role_name(self, kind: str) -> str:
+        # As EnvironmentConfig.execution_role_name names the role of that environment's endpoint stack.
+        return f"{self.name_prefix}-{kind.replace('_', '-')}-execution"
+
+    @property
+    def execution_role_names(self) -> tuple[str, ...]:
+        return tuple(self.execution_role_name(kind) for kind in self.endpoint_kinds)
+
+
+def _environment_name(value: Any, info: ValidationInfo) -> str:
+    """artifacts_from: another environment of cdk.json, which builds its own artifacts."""
+    environments, me = info.context["environments"], info.context["name"]
+    names = ", ".join(sorted(name for name in environments if name != me)) or "none"
+    if not isinstance(value, str) or value not in environments:
+        raise _problem(f"{value!r} is not an environment in cdk.json (one of: {names})")
+    if value == me:
+        raise _problem(f"names this environment itself: name the environment whose builds it deploys "
+                       f"(one of: {names})")
+    source = environments[value]
+    chained = _get(source, "artifacts_from")
+    if chained is not None:
+        raise _problem(f"{value!r} takes its artifacts from {chained!r} itself; name the environment that builds "
+                       f"them ({chained!r}): an environment promotes from the one that built, with no chains")
+    if not isinstance(source, Mapping) or "build" not in source:
+        raise _problem(f"{value!r} has no build section, so it builds nothing to take")
+    return value
+
+
 class EnvironmentConfig(_Settings):
     """``environments.<name>``; ``name`` is the chosen environment, account and region default to the CLI's."""
     name: str
@@ -516,7 +574,10 @@ class EnvironmentConfig(_Settings):
     gpu: GpuEndpointSettings
     text_generation: TextGenerationEndpointSettings
     pins: Pins
-    build: BuildSettings
+    # Another environment of cdk.json whose images and model archive this one deploys (build once, promote by
+    # digest); null: this environment builds its own (build). Exactly one of the two is set.
+    artifacts_from: _checked(_environment_name, str) | None = None
+    build: BuildSettings | None = None
     artifacts: ArtifactSettings
     endpoint_log_retention_days: _checked(_log_retention, int)
     monitoring: MonitoringSettings = MonitoringSettings()
@@ -528,14 +589,19 @@ class EnvironmentConfig(_Settings):
     create_transform_log_group: _checked(_boolean_or_unset, bool | None) = None
     # CloudFormation termination protection on every stack of the environment (cdk destroy refuses them).
     termination_protection: _checked(_boolean, bool) = False
+    # Read by load_environment from the other environments (cdk.json may not set them): the environment named by
+    # artifacts_from, and every environment whose artifacts_from names this one.
+    artifact_source: ArtifactSource | None = None
+    artifact_consumers: tuple[ArtifactConsumer, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _from_context(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, Mapping):
             return data
-        if "name" in data:
-            raise _field_problems(cls.__name__, [(("name",), "unknown key", data["name"])])
+        supplied = [key for key in sorted(_FROM_CONTEXT) if key in data]
+        if supplied:
+            raise _field_problems(cls.__name__, [((key,), "unknown key", data[key]) for key in supplied])
         context = info.context
         required = _required_location(data)
         return {**data, "name": context["name"],
@@ -545,6 +611,7 @@ class EnvironmentConfig(_Settings):
     @model_validator(mode="after")
     def _cross_field_checks(self):
         problems = _repeats("endpoints", self.endpoints, lambda kind, first: f"{kind!r} is listed twice")
+        problems += self._artifact_problems()
         for kind in ENDPOINT_KINDS:
             pin = getattr(self.pins.images, kind)
             if pin is not None and pin.repository is not None and self.region is not None \
@@ -575,6 +642,39 @@ class EnvironmentConfig(_Settings):
             raise _field_problems(type(self).__name__, problems)
         return self
 
+    def _artifact_problems(self) -> list:
+        """Build here, or deploy another environment's builds (artifacts_from) by their full references."""
+        if self.artifacts_from is None:
+            return [] if self.build is not None else [(("build",), f"is required unless "
+                                                       f"{self.key('artifacts_from')} names the environment whose "
+                                                       f"builds this one deploys", None)]
+        source, source_key = self.artifacts_from, self.key("artifacts_from")
+        problems = []
+        if self.build is not None:
+            problems.append((("build",), f"is set, but {source_key} is {source!r}: an environment either "
+                             f"builds its artifacts (build) or deploys {source}'s (artifacts_from), not both; remove "
+                             f"one of the two keys", None))
+        how = f"pin {source}'s artifacts as `python -m endpoint_client promote --from {source} --to {self.name}` " \
+              f"writes them"
+        for kind in ENDPOINT_KINDS:
+            pin = getattr(self.pins.images, kind)
+            if pin is not None and pin.repository is None:
+                problems.append((("pins", "images", kind), f"{pin.digest} names no repository, but this environment "
+                                 f"has no repository of its own to pull from ({source_key} is {source!r}): "
+                                 f"{how}, '<account>.dkr.ecr.<region>.amazonaws.com/<{source}'s repository>"
+                                 f"@sha256:<64 hex>'", pin.digest))
+        if self.pins.model is not None and self.pins.model.bucket is None:
+            problems.append((("pins", "model", "bucket"), f"is required because {source_key} is "
+                             f"{source!r} (this environment builds no model archive): {how}, {source}'s artifact "
+                             f"bucket beside s3_key", None))
+        return problems
+
+    @property
+    def model_pin_name(self) -> str:
+        """The model_build/pins.json pin this environment's endpoints are sized for until its model is pinned:
+        its build's, or its artifact source's."""
+        return self.build.model_pin if self.build is not None else self.artifact_source.model_pin
+
     @property
     def retain_logs(self) -> bool:
         """True: log groups (and the key that encrypts them) survive cdk destroy; follows artifacts.removal_policy,
@@ -590,6 +690,9 @@ class EnvironmentConfig(_Settings):
 
     def endpoint_stack_name(self, kind: str) -> str:
         return f"{self.name_prefix}-endpoint-{kind.replace('_', '-')}"
+
+    def execution_role_name(self, kind: str) -> str:
+        return f"{self.name_prefix}-{kind.replace('_', '-')}-execution"
 
     @property
     def review_stack_name(self) -> str:
@@ -618,7 +721,7 @@ def _required_location(data: Mapping[str, Any]) -> dict[str, _LocationRequired]:
 
 
 # The keys load_environment supplies itself; cdk.json may not set them.
-_FROM_CONTEXT = {"name"}
+_FROM_CONTEXT = {"name", "artifact_source", "artifact_consumers"}
 
 
 def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[str],
@@ -641,15 +744,87 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
     try:
         config = EnvironmentConfig.model_validate(environments[env_name], context={
             "name": str(env_name), "model_pins": tuple(model_pins), "default_account": default_account,
-            "default_region": default_region})
+            "default_region": default_region, "environments": environments})
     except ValidationError as error:
         raise ConfigError([_message(root, problem) for problem in error.errors()] + shared) from None
-    if shared:
-        raise ConfigError(shared)
+    source, source_problems = _artifact_source(environments, config)
+    consumers, consumer_problems = _artifact_consumers(environments, config)
+    problems = shared + source_problems + consumer_problems
+    if problems:
+        raise ConfigError(problems)
     # Every setting below reads a decided true or false.
     return config.model_copy(update={
         "review": config.review.model_copy(update={"create_oidc_provider": creates["review.create_oidc_provider"]}),
-        "create_transform_log_group": creates["create_transform_log_group"]})
+        "create_transform_log_group": creates["create_transform_log_group"], "artifact_source": source,
+        "artifact_consumers": consumers})
+
+
+def _named(environments: Mapping[str, Any], name: str, key: str) -> str | None:
+    """An environment's account or region as cdk.json names it; None where it leaves it to the caller's."""
+    value = _get(environments[name], key)
+    return value if isinstance(value, str) and value else None
+
+
+def _artifact_source(environments: Mapping[str, Any],
+                     config: EnvironmentConfig) -> tuple[ArtifactSource | None, list[str]]:
+    """The environment that artifacts_from names (already checked to build), and the problems of the pair: it must
+    deploy to the same region, and image pins must name its account (where cdk.json names them)."""
+    if config.artifacts_from is None:
+        return None, []
+    name = config.artifacts_from
+    source = ArtifactSource(
+        name=name, account=_named(environments, name, "account"), region=_named(environments, name, "region"),
+        model_pin=str(_get(environments[name], "build", "model_pin")))
+    problems = []
+    if source.region is not None and config.region is not None and source.region != config.region:
+        # SageMaker pulls an image from ECR in the endpoint's region only. A model archive could be read across
+        # regions, but one source region for both keeps the pull simple (and free of inter-region transfer).
+        problems.append(f"{config.key('artifacts_from')}: {name!r} deploys to {source.region}, this environment to "
+                        f"{config.region}: SageMaker pulls images only from ECR in the endpoint's own region, so an "
+                        f"environment takes its artifacts from one in the same region (build there, or replicate "
+                        f"the repository and pin the copies)")
+    for kind in ENDPOINT_KINDS:
+        pin = getattr(config.pins.images, kind)
+        if pin is not None and pin.repository is not None and source.account is not None \
+                and pin.repository.account != source.account:
+            problems.append(f"{config.key('pins', 'images', kind)}: {pin.repository.uri}@{pin.digest} is in account "
+                            f"{pin.repository.account}, but artifacts_from {name!r} builds in account "
+                            f"{source.account}: only its repository allows this environment's pull")
+    return source, problems
+
+
+def _artifact_consumers(environments: Mapping[str, Any],
+                        config: EnvironmentConfig) -> tuple[tuple[ArtifactConsumer, ...], list[str]]:
+    """Every environment whose artifacts_from names this one, with what this environment's repository and bucket
+    policies name of it; its settings that those need are checked here, since a wrong one would grant a pull to the
+    wrong roles."""
+    consumers, problems = [], []
+    for name, data in environments.items():
+        if name == config.name or not isinstance(data, Mapping) or data.get("artifacts_from") != config.name:
+            continue
+        found = {}
+        for key, pattern, what in (("name_prefix", _NAME_PREFIX, "a name prefix"),
+                                   ("account", _ACCOUNT, "a 12-digit AWS account id"),
+                                   ("region", _REGION, "an AWS region name")):
+            value = data.get(key)
+            if value is not None and not (isinstance(value, str) and pattern.match(value)):
+                problems.append(f"environments.{name}.{key}: {value!r} is not {what} (its artifacts_from names "
+                                f"{config.name}, whose policies name its execution roles)")
+            found[key] = value
+        kinds = data.get("endpoints")
+        if not isinstance(kinds, list) or not all(kind in ENDPOINT_KINDS for kind in kinds):
+            problems.append(f"environments.{name}.endpoints: expected a list of endpoint kinds "
+                            f"({', '.join(ENDPOINT_KINDS)}), got {_describe(kinds)} (its artifacts_from names "
+                            f"{config.name}, whose policies name its execution roles)")
+            kinds = []
+        if found["name_prefix"] is None:
+            problems.append(f"environments.{name}.name_prefix: is required (its artifacts_from names {config.name})")
+        if problems:
+            continue
+        consumers.append(ArtifactConsumer(
+            name=name, account=found["account"] or config.account, region=found["region"] or config.region,
+            name_prefix=found["name_prefix"], endpoint_kinds=tuple(dict.fromkeys(kinds))))
+    return tuple(consumers), problems
 
 
 def _get(data: Any, *keys: str, default: Any = None) -> Any:

@@ -203,12 +203,12 @@ def endpoint_specs(config: EnvironmentConfig) -> tuple[EndpointSpec, ...]:
 
 
 def _model_bytes(config: EnvironmentConfig) -> int:
-    """The GGUF's size of the pinned model (model_build/pins.json), else of the build's pin (nothing is deployed
-    then, but the alarms exist by name)."""
+    """The GGUF's size of the pinned model (model_build/pins.json), else of the build's pin, or the artifact
+    source's (nothing is deployed then, but the alarms exist by name)."""
     model = config.pins.model
     try:
         if model is None:
-            return sizing.model_bytes(config.build.model_pin)
+            return sizing.model_bytes(config.model_pin_name)
         return sizing.model_bytes(model.s3_key.split("/")[1], model.gguf_sha256)
     except KeyError as error:
         raise ConfigError([f"{config.key('pins', 'model')}: {error.args[0]}: the endpoints' storage and "

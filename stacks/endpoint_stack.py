@@ -1,5 +1,10 @@
 """One endpoint's stack (``<prefix>-endpoint-<kind>``): its execution role, volume key and endpoint.
 
+The execution role has a fixed name (``<prefix>-<kind>-execution``) and may read exactly the pinned model archive
+and pull from exactly the pinned image's repository: this environment's, or, for an environment whose
+``artifacts_from`` names another, the source's repository and bucket that the pins name in full (the source's
+resource policies allow these roles, stacks/artifacts_stack.py).
+
 Each endpoint kind has a stack of its own, so that a failed GPU deployment (an instance quota of 0 is common;
 pools fall back on capacity, not on quota) rolls back that stack alone, and each can be deployed, diffed and
 destroyed by name. The stack imports from the artifacts stack (bucket, repository) and the monitoring stack
@@ -30,8 +35,8 @@ from stacks.endpoint_specs import INSTANCE_NAMESPACE, TRANSFORM_INSTANCE_NAMESPA
 
 class EndpointStack(cdk.Stack):
     def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, artifacts: ArtifactsStack,
-                 alarm_topic: sns.ITopic, name_prefix: str, log_retention_days: int, retain_logs: bool,
-                 **kwargs) -> None:
+                 alarm_topic: sns.ITopic, name_prefix: str, execution_role_name: str, log_retention_days: int,
+                 retain_logs: bool, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
         self.spec, self._artifacts = spec, artifacts
         self.endpoint: SageMakerEndpoint | None = None
@@ -56,6 +61,9 @@ class EndpointStack(cdk.Stack):
 
         self.execution_role = iam.Role(
             self, "ExecutionRole",
+            # Named (EnvironmentConfig.execution_role_name), so that the artifact source's repository and bucket
+            # policies and the operator's iam:PassRole can name it before it exists.
+            role_name=execution_role_name,
             # Only SageMaker acting for this account may assume it (confused-deputy protection).
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com", conditions={
                 "StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}}),
@@ -63,9 +71,12 @@ class EndpointStack(cdk.Stack):
                         f"pinned image")
         role = self.execution_role
         model = spec.model
+        # The pinned archive exactly: in this environment's bucket, or in the artifact source's that the pin names
+        # (whose bucket policy allows this role: stacks/artifacts_stack.py).
+        archive = artifacts.bucket_objects_arn(model.s3_key) if model.bucket is None else \
+            f"arn:{cdk.Aws.PARTITION}:s3:::{model.bucket}/{model.s3_key}"
         role.add_to_policy(iam.PolicyStatement(
-            sid="ReadPinnedModelArchive", actions=["s3:GetObject"],
-            resources=[artifacts.bucket_objects_arn(model.s3_key)]))
+            sid="ReadPinnedModelArchive", actions=["s3:GetObject"], resources=[archive]))
         # The instances' CPU, GPU, memory and disk metrics; PutMetricData has no resource-level permissions.
         namespaces = [INSTANCE_NAMESPACE] + ([TRANSFORM_INSTANCE_NAMESPACE] if spec.serves_batch_transform else [])
         role.add_to_policy(iam.PolicyStatement(
@@ -90,7 +101,8 @@ class EndpointStack(cdk.Stack):
 
         self.endpoint = SageMakerEndpoint(
             self, "Endpoint", spec=spec, image_uri=self._image_uri(), execution_role=role,
-            model_data_url=f"s3://{artifacts.bucket.bucket_name}/{model.s3_key}", volume_key=self.volume_key,
+            model_data_url=f"s3://{model.bucket or artifacts.bucket.bucket_name}/{model.s3_key}",
+            volume_key=self.volume_key,
             alarm_topic=alarm_topic, log_retention_days=log_retention_days,
             log_key=artifacts.logs_key_in(self), retain_logs=retain_logs,
             tags={"endpoint-kind": spec.kind, "image-digest": spec.image.digest,

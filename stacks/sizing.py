@@ -144,9 +144,11 @@ def derive(kind: str, instance_type: str, gguf_bytes: int) -> Sizing:
     return Sizing(kind, instance_type, k, target, slow)
 
 
-def for_environment(environment: Mapping[str, Any]) -> list[Sizing]:
-    """Every (endpoint kind, instance type) of a cdk.json environment, derived for its model pin."""
-    gguf_bytes = model_bytes(environment["build"]["model_pin"])
+def for_environment(environment: Mapping[str, Any], environments: Mapping[str, Mapping[str, Any]]) -> list[Sizing]:
+    """Every (endpoint kind, instance type) of a cdk.json environment, derived for its model pin: its build's, or
+    that of the environment it takes its artifacts from."""
+    builder = environments[environment["artifacts_from"]] if environment.get("artifacts_from") else environment
+    gguf_bytes = model_bytes(builder["build"]["model_pin"])
     found = []
     for kind in ("cpu", "gpu", "text_generation"):
         settings = environment[kind]
@@ -162,7 +164,7 @@ def markdown(environments: Mapping[str, Mapping[str, Any]]) -> str:
     lines = ["| environment | endpoint | instance type | k | target invocations / instance-minute | "
              "slow release (ms per evaluated token) | basis |", "|---|---|---|---:|---:|---:|---|"]
     for name, environment in environments.items():
-        for sizing in for_environment(environment):
+        for sizing in for_environment(environment, environments):
             slow = "-" if sizing.slow_release_ms_per_token is None else f"{sizing.slow_release_ms_per_token:,}"
             lines.append(f"| {name} | {sizing.kind} | {sizing.instance_type} | {sizing.k:.3f} | "
                          f"{sizing.target_invocations_per_instance} | {slow} | {sizing.basis} |")

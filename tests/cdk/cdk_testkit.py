@@ -41,12 +41,36 @@ def cdk_json_context() -> dict[str, Any]:
     return json.loads(CDK_JSON.read_text())["context"]
 
 
+def builds(env: str) -> bool:
+    """Whether cdk.json's environment builds its own artifacts (has a build stack), or takes another's."""
+    return not cdk_json_context()["environments"][env].get("artifacts_from")
+
+
+def stack_kinds(env: str) -> tuple[str, ...]:
+    """The stacks cdk.json's environment has: every kind but build where it takes its artifacts from another."""
+    return tuple(kind for kind in STACK_KINDS if kind != "build" or builds(env))
+
+
+BUILDERS = tuple(env for env in ENVIRONMENTS if builds(env))
+
+
+def rebuilding(environment: dict[str, Any]) -> None:
+    """An edit: the environment builds its own artifacts again (docs/deploy.md: rebuilding for prod): dev's build
+    section (prod's 90 days of build logs) instead of artifacts_from, pins in its own repository and bucket."""
+    environment.pop("artifacts_from", None)
+    environment["build"] = {**cdk_json_context()["environments"]["dev"]["build"], "log_retention_days": 90}
+    environment["pins"] = copy.deepcopy(TEST_PINS)
+# (environment, stack kind) of every stack cdk.json's environments have, for tests parametrized over both.
+ENVIRONMENT_STACKS = tuple((env, kind) for env in ENVIRONMENTS for kind in stack_kinds(env))
+
+
 def context_for(env: str, *, pinned: bool = True, edit=None) -> dict[str, Any]:
     """cdk.json's context with -c env=<env>; pins supplied when ``pinned``; ``edit(environment_dict)`` applied last."""
     context = copy.deepcopy(cdk_json_context())
     environment = context["environments"][env]
     if pinned:
-        environment["pins"] = copy.deepcopy(TEST_PINS)
+        # An environment with artifacts_from (prod) gets the source's pins by full reference (deploy/pins.py).
+        environment["pins"] = test_pins.pins_in(context["environments"], env)
         environment["review"]["github_repository"] = environment["review"]["github_repository"] or \
             test_pins.EXAMPLE_REPOSITORY
     if test_pins.needs_location(environment):
@@ -56,6 +80,12 @@ def context_for(env: str, *, pinned: bool = True, edit=None) -> dict[str, Any]:
         edit(environment)
     context["env"] = env
     return context
+
+
+def pins_of(env: str) -> dict[str, Any]:
+    """The pins the pinned synthesis of env has: its own builds' (TEST_PINS), or its artifact source's by full
+    reference (prod: dev's repository and bucket, deploy/pins.py)."""
+    return context_for(env)["environments"][env]["pins"]
 
 
 @dataclass
@@ -70,8 +100,14 @@ class Synthesized:
     def template(self, kind: str) -> dict[str, Any]:
         return json.loads((self.outdir / f"{self.stack_name(kind)}.template.json").read_text())
 
+    @property
+    def stack_kinds(self) -> tuple[str, ...]:
+        """The kinds of STACK_KINDS this assembly has (no build stack where artifacts_from is set)."""
+        return tuple(kind for kind in STACK_KINDS
+                     if (self.outdir / f"{self.stack_name(kind)}.template.json").exists())
+
     def templates(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        for kind in STACK_KINDS:
+        for kind in self.stack_kinds:
             yield kind, self.template(kind)
 
     def assertions(self, kind: str) -> assertions.Template:

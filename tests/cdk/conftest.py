@@ -25,6 +25,12 @@ def pinned(request):
     return cdk_testkit.synthesized(request.param, pinned=True)
 
 
+@pytest.fixture(scope="module", params=cdk_testkit.BUILDERS)
+def builder(request):
+    """An environment that builds its own artifacts (has a build stack), pinned."""
+    return cdk_testkit.synthesized(request.param, pinned=True)
+
+
 @pytest.fixture(scope="module", params=cdk_testkit.ENVIRONMENTS)
 def fresh_clone(request):
     """An environment as cdk.json ships it: nothing pinned yet."""

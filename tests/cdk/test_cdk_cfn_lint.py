@@ -23,14 +23,14 @@ def findings(template: dict) -> list[str]:
                        for rule, prefix in ALLOWED)]
 
 
-@pytest.mark.parametrize("kind", cdk_testkit.STACK_KINDS)
-def test_pinned_templates_are_clean(pinned, kind):
-    assert findings(pinned.template(kind)) == []
+@pytest.mark.parametrize("env, kind", cdk_testkit.ENVIRONMENT_STACKS)
+def test_pinned_templates_are_clean(env, kind):
+    assert findings(cdk_testkit.synthesized(env, pinned=True).template(kind)) == []
 
 
-@pytest.mark.parametrize("kind", cdk_testkit.STACK_KINDS)
-def test_fresh_clone_templates_are_clean(fresh_clone, kind):
-    assert findings(fresh_clone.template(kind)) == []
+@pytest.mark.parametrize("env, kind", cdk_testkit.ENVIRONMENT_STACKS)
+def test_fresh_clone_templates_are_clean(env, kind):
+    assert findings(cdk_testkit.synthesized(env, pinned=False).template(kind)) == []
 
 
 def test_cfn_lint_knows_the_instance_pool_properties():

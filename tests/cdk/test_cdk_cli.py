@@ -96,7 +96,8 @@ def test_npx_cdk_synth_with_real_format_pins_and_a_resolved_region(env, region, 
     manifest = json.loads((out / "manifest.json").read_text())["artifacts"]
     expected_region = environment["region"] or region or "us-east-1"
     expected_account = environment["account"] or "unknown-account"
-    for kind in cdk_testkit.STACK_KINDS:
+    assert (f"{prefix}-build" in manifest) is cdk_testkit.builds(env)
+    for kind in cdk_testkit.stack_kinds(env):
         assert manifest[f"{prefix}-{kind}"]["environment"] == f"aws://{expected_account}/{expected_region}"
     for kind in ("cpu", "gpu", "text-generation"):
         template = json.loads((out / f"{prefix}-endpoint-{kind}.template.json").read_text())

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from pydantic import ValidationError
 
 import app as cdk_app
-from cdk_testkit import TEST_PINS, context_for
+from cdk_testkit import TEST_PINS, cdk_json_context, context_for
+from deploy import pins as test_pins
 from stacks.config import ConfigError, EcrRepositoryRef, ImagePin, load_environment
 
 DLC_DIGEST = "sha256:1f19c220f5f169228f20cdddca00f4838be22a3a1ce9002bc444006adc3d6d43"
@@ -91,7 +94,7 @@ def test_monitoring_and_termination_protection():
 
 
 def test_digest_pins_resolve_against_the_project_repository():
-    config = parse()
+    config = parse("dev")
     assert config.pins.images.cpu == ImagePin(digest=TEST_PINS["images"]["cpu"], repository=None)
 
 
@@ -113,7 +116,9 @@ def test_prod_deploys_only_where_cdk_json_says():
         "environments.prod.account", "environments.prod.region"]
     assert "is required because termination_protection is true and artifacts.removal_policy is retain" \
         in error.value.problems[0]
-    config = parse("prod", edit=setting("region", "eu-central-1"), default_region="us-east-1")
+    # (dev, the artifact source, is in the caller's region: prod builds its own to be elsewhere.)
+    config = parse("prod", pinned=False, edit=lambda e: (setting("region", "eu-central-1")(e), building_its_own(e)),
+                   default_region="us-east-1")
     assert (config.account, config.region) == ("111122223333", "eu-central-1")
 
 
@@ -206,12 +211,6 @@ TAGGED = "123456789012.dkr.ecr.us-east-1.amazonaws.com/decision-images"
     (setting("name_prefix", "Decision_Prod"), "environments.prod.name_prefix: 'Decision_Prod' is not 3 to 24"),
     (setting("account", "12345"), "environments.prod.account: '12345' is not a 12-digit AWS account id"),
     (setting("region", "mars-1"), "environments.prod.region: 'mars-1' is not an AWS region name"),
-    (setting("build.model_pin", "llama-70b"),
-     "environments.prod.build.model_pin: 'llama-70b' is not a pin in model_build/pins.json (qwen3.5-4b)"),
-    (setting("build.text_generation_source_image", "public.ecr.aws/deep-learning-containers/llama-cpp:latest"),
-     "environments.prod.build.text_generation_source_image: expected an image reference pinned by digest"),
-    (setting("build.log_retention_days", 10), "environments.prod.build.log_retention_days: 10 is not a CloudWatch "
-                                              "Logs retention"),
     (setting("artifacts.removal_policy", "delete"),
      "environments.prod.artifacts.removal_policy: 'delete' is not one of destroy, retain"),
     (setting("cpu.instnace_type", "ml.c7i.xlarge"),
@@ -244,6 +243,20 @@ def test_invalid_values_are_named_by_key_path(edit, expected):
     assert expected in str(error.value), str(error.value)
 
 
+@pytest.mark.parametrize("edit, expected", [
+    (setting("build.model_pin", "llama-70b"),
+     "environments.dev.build.model_pin: 'llama-70b' is not a pin in model_build/pins.json (qwen3.5-4b)"),
+    (setting("build.text_generation_source_image", "public.ecr.aws/deep-learning-containers/llama-cpp:latest"),
+     "environments.dev.build.text_generation_source_image: expected an image reference pinned by digest"),
+    (setting("build.log_retention_days", 10), "environments.dev.build.log_retention_days: 10 is not a CloudWatch "
+                                              "Logs retention"),
+], ids=["model-pin", "source-image", "log-retention"])
+def test_invalid_build_settings_are_named_by_key_path(edit, expected):
+    with pytest.raises(ConfigError) as error:
+        parse("dev", edit=edit)
+    assert expected in str(error.value), str(error.value)
+
+
 def test_every_problem_is_reported_at_once():
     def edit(environment):
         environment["gpu"]["provision_timeout_s"] = 10
@@ -273,17 +286,29 @@ BOOTSTRAP_KEY = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-
 
 
 def both(env_edits):
-    """cdk.json's context (pinned, both environments given a repository) with edits per environment name."""
+    """cdk.json's context (pinned, both environments given a repository) with edits per environment name; prod's
+    pins name dev's artifacts where dev is after the edits (deploy/pins.py)."""
     context = context_for("prod")
-    for name, environment in context["environments"].items():
+    environments = context["environments"]
+    for name, environment in environments.items():
         environment["review"]["github_repository"] = "example-org/decision-models"
         for edit in env_edits.get(name, ()):
             edit(environment)
-    return context["environments"]
+    environments["prod"]["pins"] = test_pins.pins_in(environments, "prod")
+    return environments
+
+
+def building_its_own(environment):
+    """prod as it was before promotion: its own build section (dev's), no artifacts_from."""
+    environment.pop("artifacts_from", None)
+    environment["build"] = {**cdk_json_context()["environments"]["dev"]["build"], "log_retention_days": 90}
 
 
 def located(account, region="eu-west-1"):
-    return lambda e: (e.__setitem__("account", account), e.__setitem__("region", region))
+    def edit(environment):
+        environment.update(account=account, region=region)
+    edit.region = region
+    return edit
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])
@@ -313,7 +338,9 @@ def test_two_environments_of_one_account_may_not_both_create_its_singletons(env,
     [],                                                                             # dev's account unknown
 ], ids=["other-account", "other-region", "one-creates", "arn-named", "unknown-account"])
 def test_one_creator_per_account_is_accepted(dev_edits):
-    environments = both({"dev": dev_edits})
+    # prod builds its own where dev is in another region (artifacts_from requires one region).
+    other_region = any(getattr(edit, "region", None) not in (None, "eu-west-1") for edit in dev_edits)
+    environments = both({"dev": dev_edits, "prod": [building_its_own] if other_region else []})
     for env in ("dev", "prod"):
         load_environment(environments, env, model_pins=cdk_app.model_pin_names())
 
@@ -417,3 +444,136 @@ def test_an_image_pin_from_the_environments_region_is_accepted(kind):
 
 def test_prod_retains_its_logs_and_dev_does_not():
     assert parse("prod").retain_logs is True and parse("dev").retain_logs is False
+
+
+# --- issue 33: build once in dev, promote to prod by digest (artifacts_from) ---------------------------------
+
+PROMOTE = "python -m endpoint_client promote --from dev --to prod"
+
+
+def environments_with(**edits):
+    """cdk.json's context pinned for prod (prod's pins name dev's artifacts), each environment edited by name; an
+    edit for a name cdk.json lacks adds that environment as a copy of dev first."""
+    context = context_for("prod")
+    environments = context["environments"]
+    for name, edit in edits.items():
+        if name not in environments:
+            environments[name] = {**cdk_json_context()["environments"]["dev"], "name_prefix": f"decision-{name}"}
+        edit(environments[name])
+    return environments
+
+
+def test_prod_deploys_devs_artifacts_and_dev_names_prods_execution_roles():
+    prod = parse("prod")
+    assert prod.artifacts_from == "dev" and prod.build is None
+    assert prod.artifact_source.name == "dev" and prod.artifact_source.model_pin == "qwen3.5-4b"
+    assert prod.model_pin_name == "qwen3.5-4b"
+    assert prod.pins.images.cpu.repository.name.startswith("decision-dev-artifacts-imagerepository")
+    assert prod.pins.model.bucket.startswith("decision-dev-artifacts-artifactbucket")
+    assert prod.artifact_consumers == ()
+    assert prod.execution_role_name("text_generation") == "decision-prod-text-generation-execution"
+    environments = context_for("dev")["environments"]
+    dev = load_environment(environments, "dev", model_pins=cdk_app.model_pin_names())
+    (consumer,) = dev.artifact_consumers
+    # prod names no account yet (it must, to deploy): dev's policies name dev's own account (None: the stack's).
+    assert (consumer.name, consumer.account, consumer.region, consumer.name_prefix) == ("prod", None, None,
+                                                                                         "decision-prod")
+    assert consumer.execution_role_names == ("decision-prod-cpu-execution", "decision-prod-gpu-execution",
+                                             "decision-prod-text-generation-execution")
+    assert dev.artifact_source is None and dev.build is not None
+
+
+def test_a_consumer_in_another_account_is_named_by_its_account():
+    environments = environments_with(prod=lambda e: e.update(account=OTHER_ACCOUNT, endpoints=["cpu"]),
+                                     dev=located("111122223333"))
+    environments["prod"]["pins"] = test_pins.pins_in(environments, "prod")
+    dev = load_environment(environments, "dev", model_pins=cdk_app.model_pin_names())
+    (consumer,) = dev.artifact_consumers
+    assert (consumer.account, consumer.region, consumer.endpoint_kinds) == (OTHER_ACCOUNT, "eu-west-1", ("cpu",))
+    prod = load_environment(environments, "prod", model_pins=cdk_app.model_pin_names())
+    assert prod.pins.images.cpu.repository.account == "111122223333" == prod.artifact_source.account
+
+
+def test_rebuilding_for_prod_stays_possible():
+    def rebuild(environment):
+        building_its_own(environment)
+        environment["pins"] = copy.deepcopy(TEST_PINS)
+    prod = parse("prod", edit=rebuild)
+    assert prod.artifacts_from is None and prod.artifact_source is None and prod.build.log_retention_days == 90
+    assert prod.pins.images.cpu.repository is None and prod.pins.model.bucket is None
+    environments = context_for("prod", edit=rebuild)["environments"]
+    assert load_environment(environments, "dev", model_pins=cdk_app.model_pin_names()).artifact_consumers == ()
+
+
+def _bare_cpu_digest(environment):
+    environment["pins"]["images"]["cpu"] = TEST_PINS["images"]["cpu"]
+
+
+def _with_build(environment):
+    environment["build"] = cdk_json_context()["environments"]["dev"]["build"]
+
+
+@pytest.mark.parametrize("edits, env, expected", [
+    ({"prod": setting("artifacts_from", "staging")}, "prod",
+     "environments.prod.artifacts_from: 'staging' is not an environment in cdk.json (one of: dev)"),
+    ({"prod": setting("artifacts_from", 42)}, "prod",
+     "environments.prod.artifacts_from: 42 is not an environment in cdk.json (one of: dev)"),
+    ({"prod": setting("artifacts_from", "prod")}, "prod",
+     "environments.prod.artifacts_from: names this environment itself: name the environment whose builds it deploys "
+     "(one of: dev)"),
+    ({"qa": setting("artifacts_from", "dev"), "prod": setting("artifacts_from", "qa")}, "prod",
+     "environments.prod.artifacts_from: 'qa' takes its artifacts from 'dev' itself; name the environment that "
+     "builds them ('dev'): an environment promotes from the one that built, with no chains"),
+    ({"qa": removing("build"), "prod": setting("artifacts_from", "qa")}, "prod",
+     "environments.prod.artifacts_from: 'qa' has no build section, so it builds nothing to take"),
+    ({"prod": _with_build}, "prod",
+     "environments.prod.build: is set, but environments.prod.artifacts_from is 'dev': an environment either builds "
+     "its artifacts (build) or deploys dev's (artifacts_from), not both; remove one of the two keys"),
+    ({"prod": removing("artifacts_from")}, "prod",
+     "environments.prod.build: is required unless environments.prod.artifacts_from names the environment whose "
+     "builds this one deploys"),
+    ({"prod": _bare_cpu_digest}, "prod",
+     f"environments.prod.pins.images.cpu: {TEST_PINS['images']['cpu']} names no repository, but this environment has "
+     f"no repository of its own to pull from (environments.prod.artifacts_from is 'dev'): pin dev's artifacts as "
+     f"`{PROMOTE}` writes them"),
+    ({"prod": lambda e: e["pins"]["model"].pop("bucket")}, "prod",
+     "environments.prod.pins.model.bucket: is required because environments.prod.artifacts_from is 'dev' (this "
+     f"environment builds no model archive): pin dev's artifacts as `{PROMOTE}` writes them, dev's artifact bucket "
+     "beside s3_key"),
+    ({"prod": lambda e: e["pins"]["model"].update(bucket="Decision_Dev")}, "prod",
+     "environments.prod.pins.model.bucket: 'Decision_Dev' is not an S3 bucket name"),
+    ({"prod": lambda e: e["pins"]["model"].update(bucket="192.168.5.4")}, "prod",
+     "environments.prod.pins.model.bucket: '192.168.5.4' is not an S3 bucket name"),
+    ({"prod": lambda e: e["pins"]["model"].update(bucket="decision..dev")}, "prod",
+     "environments.prod.pins.model.bucket: 'decision..dev' is not an S3 bucket name"),
+    ({"dev": setting("region", "us-east-1")}, "prod",
+     "environments.prod.artifacts_from: 'dev' deploys to us-east-1, this environment to eu-west-1: SageMaker pulls "
+     "images only from ECR in the endpoint's own region"),
+    ({"dev": setting("account", OTHER_ACCOUNT)}, "prod",
+     f"environments.prod.pins.images.gpu: 111122223333.dkr.ecr.eu-west-1.amazonaws.com/"
+     f"{test_pins.example_artifact_names('decision-dev')[0]}@{TEST_PINS['images']['gpu']} is in account 111122223333, "
+     f"but artifacts_from 'dev' builds in account {OTHER_ACCOUNT}: only its repository allows this environment's "
+     f"pull"),
+    ({"prod": setting("name_prefix", "Decision_Prod")}, "dev",
+     "environments.prod.name_prefix: 'Decision_Prod' is not a name prefix (its artifacts_from names dev, whose "
+     "policies name its execution roles)"),
+    ({"prod": setting("account", "12345")}, "dev",
+     "environments.prod.account: '12345' is not a 12-digit AWS account id (its artifacts_from names dev"),
+    ({"prod": setting("endpoints", ["cpu", "tpu"])}, "dev",
+     "environments.prod.endpoints: expected a list of endpoint kinds (cpu, gpu, text_generation), got a list"),
+    ({"prod": setting("artifact_consumers", [])}, "prod", "environments.prod.artifact_consumers: unknown key"),
+], ids=["unknown", "not-a-name", "itself", "chain", "source-builds-nothing", "both", "neither", "bare-digest",
+        "model-without-bucket", "bucket-case", "bucket-ip", "bucket-dots", "other-region", "other-account",
+        "consumer-prefix", "consumer-account", "consumer-endpoints", "computed-key"])
+def test_artifacts_from_problems_are_named_by_key_path(edits, env, expected):
+    with pytest.raises(ConfigError) as error:
+        load_environment(environments_with(**edits), env, model_pins=cdk_app.model_pin_names())
+    assert expected in str(error.value), str(error.value)
+
+
+def test_the_sources_location_is_compared_only_where_cdk_json_names_it():
+    """dev leaves account and region to the caller's credentials: a synthesis of prod elsewhere (CI in prod's
+    account, another default region) cannot tell where dev was deployed, so it compares nothing."""
+    config = parse("prod", default_account=OTHER_ACCOUNT, default_region="us-east-1")
+    assert config.artifact_source.account is None and config.artifact_source.region is None
+    assert config.pins.images.cpu.repository.account == "111122223333"

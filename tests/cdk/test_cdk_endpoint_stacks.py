@@ -8,7 +8,8 @@ import pytest
 from aws_cdk.assertions import Capture, Match
 
 import cdk_testkit
-from cdk_testkit import ENDPOINT_STACKS, MODEL_SHA256, REPOSITORY_ROOT, TEST_PINS, as_list, flatten, statements
+from cdk_testkit import (ENDPOINT_STACKS, EXAMPLE_REGION, MODEL_SHA256, REPOSITORY_ROOT, TEST_PINS, as_list, flatten,
+                         statements)
 from stacks import instance_types, sizing
 from stacks.adapter_logs import metric_logs
 
@@ -71,20 +72,22 @@ def test_stack_names_and_dependencies(pinned):
         assert set(manifest[name]["dependencies"]) >= {f"{pinned.prefix}-artifacts", f"{pinned.prefix}-monitoring"}
         assert "Outputs" not in pinned.template(stack) or not any(
             "Export" in output for output in pinned.template(stack)["Outputs"].values())
-    for other in ("artifacts", "build", "monitoring"):
+    for other in [kind for kind in ("artifacts", "build", "monitoring") if kind in pinned.stack_kinds]:
         deps = manifest[pinned.stack_name(other)].get("dependencies", [])
         assert not [d for d in deps if "-endpoint-" in d], (other, deps)
 
 
 def test_every_model_runs_network_isolated_on_the_pinned_archive(pinned):
+    source_bucket = cdk_testkit.pins_of(pinned.env)["model"].get("bucket")
+    # The environment's own bucket, or (prod: artifacts_from dev) the source's bucket that the pin names.
+    model_data_url = f"s3://{source_bucket}/{MODEL_KEY}" if source_bucket else {"Fn::Join": ["", [
+        "s3://", {"Fn::ImportValue": Match.string_like_regexp(
+            f"^{pinned.prefix}-artifacts:ExportsOutputRefArtifactBucket")}, f"/{MODEL_KEY}"]]}
     for stack in ENDPOINT_STACKS.values():
         pinned.assertions(stack).all_resources_properties("AWS::SageMaker::Model", {
             "EnableNetworkIsolation": True,
             "ExecutionRoleArn": {"Fn::GetAtt": [Match.string_like_regexp("^ExecutionRole"), "Arn"]},
-            "PrimaryContainer": Match.object_like({"ModelDataUrl": {"Fn::Join": ["", [
-                "s3://", {"Fn::ImportValue": Match.string_like_regexp(
-                    f"^{pinned.prefix}-artifacts:ExportsOutputRefArtifactBucket")},
-                f"/{MODEL_KEY}"]]}}),
+            "PrimaryContainer": Match.object_like({"ModelDataUrl": model_data_url}),
             "Tags": Match.array_with([{"Key": "model-gguf-sha256", "Value": MODEL_SHA256}]),
         })
 
@@ -93,7 +96,12 @@ def test_every_model_runs_network_isolated_on_the_pinned_archive(pinned):
 def test_images_are_the_pinned_digests_in_the_project_repository(pinned, kind):
     image = flatten(model(pinned, kind)["PrimaryContainer"]["Image"])
     digest = TEST_PINS["images"][kind]
-    assert re.fullmatch(rf".*/{pinned.prefix}-artifacts:ExportsOutputRefImageRepository\w+@{digest}", image), image
+    if cdk_testkit.builds(pinned.env):
+        assert re.fullmatch(rf".*/{pinned.prefix}-artifacts:ExportsOutputRefImageRepository\w+@{digest}", image), \
+            image
+    else:   # the source's (dev's) repository, as the pin names it in full
+        assert image == cdk_testkit.pins_of(pinned.env)["images"][kind] and image.endswith(f"@{digest}")
+        assert "/decision-dev-artifacts-imagerepository" in image
     assert ".dkr.ecr." in image and ":latest" not in image
 
 
@@ -492,22 +500,30 @@ def test_the_execution_role_reads_the_model_and_pulls_from_the_one_repository(pi
     found = grants_of(pinned, kind)
     export = f"{pinned.prefix}-artifacts:ArtifactBucketArn"
     get_objects = resources_of(found["s3:GetObject"])
-    assert f"{export}/{MODEL_KEY}" in get_objects
+    pins = cdk_testkit.pins_of(pinned.env)
+    # Exactly the pinned archive and repository: this environment's, or the artifact source's the pins name.
+    archive = f"arn:<AWS::Partition>:s3:::{pins['model']['bucket']}/{MODEL_KEY}" if "bucket" in pins["model"] else \
+        f"{export}/{MODEL_KEY}"
+    assert archive in get_objects
     for action in ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"):
         (repository,) = resources_of(found[action])
-        assert "ImageRepository" in repository
+        if cdk_testkit.builds(pinned.env):
+            assert "ImageRepository" in repository
+        else:
+            registry, name = pins["images"][kind].split("@")[0].split("/", 1)
+            assert repository == f"arn:aws:ecr:{EXAMPLE_REGION}:{registry.split('.')[0]}:repository/{name}"
     assert resources_of(found["ecr:GetAuthorizationToken"]) == ["*"]
     assert not [a for a in found if "*" in a]
     assert sorted(a for a in found if "*" in resources_of(found[a])) == [
         "cloudwatch:PutMetricData", "ecr:GetAuthorizationToken"]
     assert not [a for a in found if a.startswith(("ecr:Put", "s3:Delete"))]
     if kind == "cpu":   # Batch Transform (the CPU model only): read the input prefix, write the output prefix
-        assert sorted(get_objects) == sorted([f"{export}/{MODEL_KEY}", f"{export}/batch/input/*"])
+        assert sorted(get_objects) == sorted([archive, f"{export}/batch/input/*"])
         assert resources_of(found["s3:PutObject"]) == [f"{export}/batch/output/*"]
         (list_bucket,) = found["s3:ListBucket"]
         assert list_bucket["Condition"] == {"StringLike": {"s3:prefix": ["batch/input/*"]}}
     else:
-        assert get_objects == [f"{export}/{MODEL_KEY}"] and "s3:PutObject" not in found
+        assert get_objects == [archive] and "s3:PutObject" not in found
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -572,7 +588,10 @@ def test_a_fresh_clone_leaves_the_endpoints_out_and_says_which_keys_to_set(fresh
         f"environments.{env}.pins.model are set in cdk.json (docs/deploy.md, 3. Pin, preflight, diff and deploy the "
         f"endpoints)." for kind in KINDS)
     # The artifacts, build and monitoring stacks do not wait for pins.
-    assert fresh_clone.resources("build", "AWS::CodeBuild::Project")
+    if cdk_testkit.builds(fresh_clone.env):
+        assert fresh_clone.resources("build", "AWS::CodeBuild::Project")
+    else:
+        assert "build" not in fresh_clone.stack_kinds
     assert fresh_clone.resources("artifacts", "AWS::ECR::Repository")
     assert fresh_clone.resources("monitoring", "AWS::SNS::Topic")
 

@@ -127,8 +127,9 @@ def test_a_fresh_clone_has_a_dashboard_that_says_nothing_is_deployed(fresh_clone
     assert "No endpoint is deployed yet" in widgets[0]["properties"]["markdown"]
 
 
-@pytest.mark.parametrize("kind", cdk_testkit.STACK_KINDS)
-def test_prod_stacks_have_termination_protection_and_dev_stacks_do_not(pinned, kind):
+@pytest.mark.parametrize("env, kind", cdk_testkit.ENVIRONMENT_STACKS)
+def test_prod_stacks_have_termination_protection_and_dev_stacks_do_not(env, kind):
+    pinned = cdk_testkit.synthesized(env, pinned=True)
     artifact = pinned.manifest()["artifacts"][pinned.stack_name(kind)]
     protected = artifact["properties"].get("terminationProtection", False)
     assert protected is (pinned.env == "prod")

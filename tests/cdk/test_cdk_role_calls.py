@@ -35,6 +35,13 @@ def deployed(request):
     return synth, Deployment(synth.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
 
 
+@pytest.fixture(scope="module", params=cdk_testkit.BUILDERS)
+def built(request):
+    """An environment with a build stack (prod takes dev's artifacts and has none)."""
+    synth = cdk_testkit.synthesized(request.param, pinned=True)
+    return synth, Deployment(synth.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
+
+
 def role_of(deployment: Deployment, stack: str, resource: dict) -> str:
     """The logical id of the role a resource's ServiceRole / ExecutionRoleArn names (Fn::GetAtt <role>.Arn)."""
     properties = resource["Properties"]
@@ -70,9 +77,9 @@ def project_environment(deployment: Deployment, stack: str, project: dict) -> di
             "CODEBUILD_RESOLVED_SOURCE_VERSION": "0123456789abcdef", **{v["Name"]: v["Value"] for v in variables}}
 
 
-def test_every_command_of_each_build_project_is_allowed_by_its_role(deployed, tmp_path):
-    synth, deployment = deployed
-    stack, found = projects(deployed)
+def test_every_command_of_each_build_project_is_allowed_by_its_role(built, tmp_path):
+    synth, deployment = built
+    stack, found = projects(built)
     assert len(found) == 4
     seen_actions = {}
     for logical_id, project in found.items():
@@ -99,10 +106,10 @@ def test_every_command_of_each_build_project_is_allowed_by_its_role(deployed, tm
     assert "s3:PutObject" in seen_actions[f"{prefix}-cpu-image-build"]
 
 
-def test_without_describe_images_the_image_builds_are_denied(deployed, tmp_path):
+def test_without_describe_images_the_image_builds_are_denied(built, tmp_path):
     """The check above is not vacuous: the role as it was before (grant_pull_push alone) fails on describe-images."""
-    synth, deployment = deployed
-    stack, found = projects(deployed)
+    synth, deployment = built
+    stack, found = projects(built)
     (logical_id, project), = [(lid, p) for lid, p in found.items() if "CpuImageBuild" in lid]
     role = role_of(deployment, stack, project)
     policies = deployment.role_policies(stack, role)
@@ -119,11 +126,11 @@ def test_without_describe_images_the_image_builds_are_denied(deployed, tmp_path)
     assert lines and all("ecr:DescribeImages" in line for line in lines), lines
 
 
-def test_the_model_builds_s3_calls_are_allowed_by_its_role(deployed, tmp_path, monkeypatch):
+def test_the_model_builds_s3_calls_are_allowed_by_its_role(built, tmp_path, monkeypatch):
     """python -m model_build package as the buildspec runs it, against moto's S3, with a GGUF larger than one
     64 MiB part (so the upload is multipart, as the 3 GB archive's is); every boto3 operation it made is evaluated."""
-    synth, deployment = deployed
-    stack, found = projects(deployed)
+    synth, deployment = built
+    stack, found = projects(built)
     (project,) = [p for lid, p in found.items() if lid.startswith("ModelBuild")]
     environment = project_environment(deployment, stack, project)
     data = os.urandom(65 * 1024 * 1024)
@@ -228,7 +235,8 @@ def test_every_service_role_trusts_only_its_own_use_in_this_account(deployed):
                 else:
                     assert verdict.result == expected, (stack, role, context, verdict.result)
             checked += 1
-    assert checked >= 7   # four CodeBuild projects, three execution roles
+    # four CodeBuild projects (where the environment builds), three execution roles
+    assert checked >= (4 if cdk_testkit.builds(synth.env) else 0) + 3
 
 
 def test_both_sides_of_a_pipe_are_recorded_whole(tmp_path):
@@ -254,8 +262,11 @@ def test_a_bootstrap_with_a_customer_key_lets_the_builds_decrypt_their_source_an
     """cdk bootstrap --bootstrap-kms-key-id: the asset bucket's objects are SSE-KMS, so CodeBuild's read of the
     source needs kms:Decrypt on that key (bootstrap.kms_key_arn), through S3 only; without the setting no role has
     it."""
-    keyed = cdk_testkit.synthesized_with("prod", lambda e: e.__setitem__("bootstrap", {"kms_key_arn": BOOTSTRAP_KEY}))
-    for synth, expected in ((keyed, "Allowed"), (cdk_testkit.synthesized("prod"), "ImplicitlyDenied")):
+    # prod building its own (cdk_testkit.rebuilding): prod's location is the one the example key is in.
+    keyed = cdk_testkit.synthesized_with("prod", lambda e: (cdk_testkit.rebuilding(e), e.__setitem__(
+        "bootstrap", {"kms_key_arn": BOOTSTRAP_KEY})))
+    plain = cdk_testkit.synthesized_with("prod", cdk_testkit.rebuilding)
+    for synth, expected in ((keyed, "Allowed"), (plain, "ImplicitlyDenied")):
         deployment = Deployment(synth.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
         stack, found = projects((synth, deployment))
         with_source = {lid: p for lid, p in found.items() if p["Properties"]["Source"]["Type"] == "S3"}

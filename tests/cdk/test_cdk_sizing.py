@@ -55,8 +55,9 @@ def test_the_slow_release_factor_lies_between_load_and_a_release_twice_as_slow()
 
 @pytest.mark.parametrize("env", ["dev", "prod"])
 def test_cdk_json_ships_the_derived_targets_and_threads(env):
-    environment = cdk_json_context()["environments"][env]
-    derived = sizing.for_environment(environment)
+    environments = cdk_json_context()["environments"]
+    environment = environments[env]
+    derived = sizing.for_environment(environment, environments)
     assert derived
     for row in derived:
         settings = environment[row.kind]

@@ -1,7 +1,8 @@
 """make rehearse (deploy/rehearse.py) as part of make test: docs/deploy.md's path through the real CDK CLI against
 moto on loopback. It asserts every stack's status after each step, the cross-stack exports, the endpoints' images
 before and after a pin change, that the review role allows the diff's recorded calls, the acceptance report, the
-alarms, which resource types moto skipped, prod's termination protection and the destroy. A few minutes."""
+alarms, which resource types moto skipped, prod deployed from dev's artifacts (no build stack, dev's digests and
+model archive), prod's termination protection and the destroy. A few minutes."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ def test_the_rehearsal_passes():
     steps = done.stdout.splitlines()
     assert [s for s in steps if s[:2] in ("1.", "2.", "3.", "4.", "5.", "6.")] == [
         "1. bootstrap", "2. deploy dev --all", "3. a pin change: diff, then deploy dev --all",
-        "4. acceptance -c env=dev (moto)", "5. prod: termination protection refuses a destroy", "6. destroy dev --all"]
+        "4. acceptance -c env=dev (moto)",
+        "5. prod from dev's artifacts: deploy prod --all, then termination protection refuses a destroy",
+        "6. destroy dev --all"]
+    # prod deployed from dev's artifacts: no build stack, its Models naming dev's digests and archive.
+    assert any(s.startswith("  npx cdk deploy -c env=prod --all") and "exit 0" in s for s in steps)
+    assert "  prod's 3 endpoints run dev's image digests and model archive; no prod build stack" in steps
     assert any(s.startswith("  npx cdk destroy -c env=prod decision-prod-monitoring") and "exit 1" in s
                for s in steps)
     # The review role allows every call the CLI made for the diff (moto's recording, evaluated by iam-simulate).

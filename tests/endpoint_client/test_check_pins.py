@@ -86,6 +86,24 @@ def test_a_pin_in_another_repository_is_checked_there(deployment, capsys):
     assert tags(deployment, deployment.digests["cpu"]) >= {protective_tag(deployment.digests["cpu"])}
 
 
+def test_a_model_pin_naming_a_bucket_is_checked_there(deployment, capsys):
+    """A model pin with bucket (an environment that takes its artifacts from another, artifacts_from) is looked up in
+    that bucket, not in the environment's own."""
+    s3 = deployment.client("s3")
+    source = f"source-{deployment.bucket}"
+    s3.create_bucket(Bucket=source)
+    key = "models/qwen3.5-4b/" + "6" * 64 + "/model.tar.gz"
+    s3.put_object(Bucket=source, Key=key, Body=b"archive")
+    pinned = {"s3_key": key, "gguf_sha256": "6" * 64, "bucket": source}
+    deployment.write_cdk_json(lambda e: e["pins"].__setitem__("model", pinned))
+    code, lines, _ = run(deployment, "--protect", capsys=capsys)
+    assert code == 0, lines
+    assert lines[-1] == f"ok          environments.dev.pins.model: s3://{source}/{key}"
+    s3.delete_object(Bucket=source, Key=key)
+    code, lines, _ = run(deployment, capsys=capsys)
+    assert code == 1 and lines[-1] == f"missing     environments.dev.pins.model: s3://{source}/{key}", lines
+
+
 def test_an_image_pushed_as_an_oci_manifest_is_refused_and_not_protected(deployment, capsys):
     """SageMaker pulls Docker schema 2 manifests only; BuildKit's default push (OCI) would fail the deploy."""
     ecr = deployment.client("ecr")
