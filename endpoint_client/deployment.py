@@ -52,12 +52,21 @@ def load_config(args: argparse.Namespace) -> EnvironmentConfig:
         context[key] = value
     try:
         cdk_json = json.loads(args.cdk_json.read_text())
-        pins = json.loads((args.cdk_json.resolve().parent / "model_build" / "pins.json").read_text())
     except (OSError, ValueError) as error:
-        raise CommandError(f"cannot read {args.cdk_json} or its model_build/pins.json: {error}") from None
+        raise CommandError(f"cannot read {args.cdk_json}: {error}") from None
+    return environment_of(cdk_json, context.get("env"), args.cdk_json)
+
+
+def environment_of(cdk_json: Any, env_name: Any, path: Path) -> EnvironmentConfig:
+    """``environments.<env_name>`` of the parsed cdk.json at ``path``, validated with model_build/pins.json beside
+    it, as app.py validates it."""
     try:
-        return load_environment(cdk_json.get("context", {}).get("environments"), context.get("env"),
-                                model_pins=sorted(pins["pins"]))
+        pins = json.loads((path.resolve().parent / "model_build" / "pins.json").read_text())
+    except (OSError, ValueError) as error:
+        raise CommandError(f"cannot read the model_build/pins.json beside {path}: {error}") from None
+    environments = cdk_json.get("context", {}).get("environments") if isinstance(cdk_json, dict) else None
+    try:
+        return load_environment(environments, env_name, model_pins=sorted(pins["pins"]))
     except ConfigError as error:
         raise CommandError(f"cdk.json: {error}") from None
 
