@@ -461,16 +461,22 @@ def main(argv: Sequence[str]) -> int:
             drill = (args.rollback_drill, environment, args.drill_image)
         config = load_config(args)
         aws = aws_for(args, config)
-        examples = args.cdk_json.resolve().parent / "examples"
-        started_at = datetime.now(timezone.utc)
-        checker = Acceptance(config, aws, emulator=args.emulator, wait_s=args.wait, examples=examples, log=report)
-        results = checker.run(drill)
     except CommandError as error:
         report(str(error))
         return error.exit_code
+    examples = args.cdk_json.resolve().parent / "examples"
+    started_at = datetime.now(timezone.utc)
+    checker = Acceptance(config, aws, emulator=args.emulator, wait_s=args.wait, examples=examples, log=report)
+    try:
+        results = checker.run(drill)
     except (NoCredentialsError, PartialCredentialsError) as error:
         report(f"no AWS credentials: {error}")
         return EXIT_CONFIGURATION
+    except (CommandError, ClientError) as error:
+        # The run stopped part way: its report says so (not passed), so that an earlier passing report of the same
+        # digests is no longer the latest.
+        report(f"the checks stopped: {error}")
+        results = [Result("failed", "acceptance", config.name, f"the checks stopped: {error}")]
     for result in results:
         print(result.line())
     counts = {state: sum(r.state == state for r in results) for state in

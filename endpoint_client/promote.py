@@ -10,7 +10,9 @@ endpoint_client.acceptance_report). It refuses, changing nothing, unless:
   environment's stacks let its execution roles pull the source's repository and archive;
 - every one of those endpoints exists and is InService (not updating, rolling back or failed);
 - the latest report passed (no check failed) and names, for each kind, exactly the image and model data URL the
-  endpoint serves now: an image deployed after acceptance, or a report that failed, is never promoted.
+  endpoint serves now: an image deployed after acceptance, or a report that failed, is never promoted;
+- the report was made on AWS, or, with ``--emulator moto`` (the deploy rehearsal), on moto: a run on an emulator,
+  whose checks that need AWS are unprovable, accepts nothing on AWS.
 
 Then it writes the target's ``pins`` in cdk.json: ``images.<kind>`` as the full private ECR reference
 ``<account>.dkr.ecr.<region>.amazonaws.com/<repository>@sha256:...`` and ``model`` as ``{"bucket": ...,
@@ -28,7 +30,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from botocore.exceptions import NoCredentialsError, PartialCredentialsError
 from pydantic import ValidationError
@@ -66,9 +68,11 @@ def target_kinds(environments: Any, source: str, target: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
-def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws) -> tuple[dict[str, Any], str]:
+def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws, *,
+                  emulator: str | None = None) -> dict[str, Any]:
     """The target's new pins, from what the source serves and its latest acceptance report proved; CommandError
-    (EXIT_FAILED) naming every kind and digest that stands in the way. Also returns the report's s3:// URL."""
+    (EXIT_FAILED) naming every kind and digest that stands in the way. A report of an emulator run (where what only
+    AWS shows was unprovable, not proved) counts only when promote runs on the same emulator (the rehearsal)."""
     unlisted = [kind for kind in kinds if kind not in source.endpoints]
     if unlisted:
         raise CommandError(f"{source.name} does not list {', '.join(unlisted)} (environments.{source.name}.endpoints): "
@@ -87,6 +91,12 @@ def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws) -> 
     if report is None:
         raise CommandError(f"{source.name} has no acceptance report ({where}): run python -m endpoint_client "
                            f"acceptance -c env={source.name}; it serves {_serving(served)}", EXIT_FAILED)
+    if report.get("emulator") != emulator:
+        raise CommandError(f"{source.name}'s latest acceptance report ({where}) was made "
+                           f"{'on ' + report['emulator'] if report.get('emulator') else 'on AWS'}, but promote runs "
+                           f"{'on ' + emulator if emulator else 'on AWS'}: a run on an emulator proves nothing on AWS "
+                           f"(its checks that need AWS are unprovable); {_serving(served)} are not accepted",
+                           EXIT_FAILED)
     if report.get("passed") is not True or report.get("environment") != source.name:
         failed = [f"{c['check']} {c['subject']}" for c in report.get("checks", []) if c.get("state") == "failed"]
         raise CommandError(f"{source.name}'s latest acceptance report ({where}, {report.get('finished_at')}) did not "
@@ -103,7 +113,7 @@ def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws) -> 
                            f"for what it serves now: " + "; ".join(unproven) +
                            f" (run python -m endpoint_client acceptance -c env={source.name})", EXIT_FAILED)
     return {"images": {kind: _image_pin(kind, found) for kind, found in served.items()},
-            "model": _model_pin(source, served)}, where
+            "model": _model_pin(source, served)}
 
 
 def _serving(served: Mapping[str, Served]) -> str:
@@ -166,7 +176,8 @@ def with_pins(text: str, cdk_json: dict[str, Any], target: str, pins: Mapping[st
     return dumped(cdk_json), changes
 
 
-def promote(cdk_json_path: Path, source_name: str, target: str, aws_for_source) -> list[str]:
+def promote(cdk_json_path: Path, source_name: str, target: str, aws_for_source: Callable[[EnvironmentConfig], Aws],
+            *, emulator: str | None = None) -> list[str]:
     """Write the target's pins into cdk_json_path; returns the changes. ``aws_for_source(config)`` gives the AWS
     clients of the source environment."""
     try:
@@ -177,7 +188,7 @@ def promote(cdk_json_path: Path, source_name: str, target: str, aws_for_source) 
     environments = cdk_json.get("context", {}).get("environments") if isinstance(cdk_json, dict) else None
     kinds = target_kinds(environments, source_name, target)
     source = environment_of(cdk_json, source_name, cdk_json_path)
-    pins, _ = accepted_pins(source, kinds, aws_for_source(source))
+    pins = accepted_pins(source, kinds, aws_for_source(source), emulator=emulator)
     rewritten, changes = with_pins(text, cdk_json, target, pins)
     if changes:
         cdk_json_path.write_text(rewritten)
@@ -199,10 +210,13 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--region", help="the source's AWS region (default: its region in cdk.json, else the AWS "
                                          "configuration's)")
     parser.add_argument("--endpoint-url", help="another endpoint for every AWS API (tests)")
+    parser.add_argument("--emulator", choices=["moto"], help="promote on this emulator, from a report that "
+                                                              "acceptance --emulator made there (the deploy rehearsal)")
     args = parser.parse_args(argv)
     report = lambda message: print(f"endpoint_client promote: {message}", file=sys.stderr)  # noqa: E731
     try:
-        changes = promote(args.cdk_json, args.source, args.target, lambda source: aws_for(args, source))
+        changes = promote(args.cdk_json, args.source, args.target, lambda source: aws_for(args, source),
+                          emulator=args.emulator)
     except CommandError as error:
         report(f"refused: {error}" if error.exit_code == EXIT_FAILED else str(error))
         return error.exit_code

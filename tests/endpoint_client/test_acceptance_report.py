@@ -101,3 +101,18 @@ def test_no_artifact_bucket_output_fails_the_run_but_the_local_report_is_written
     code, report, out = run_acceptance(deployment, tmp_path, capsys)
     assert code == 1 and report["passed"] is True
     assert "the report was not written to the artifact bucket: stack decision-dev-artifacts is not deployed" in out.err
+
+
+def test_a_run_that_stops_part_way_writes_a_report_that_did_not_pass(serving, tmp_path, capsys):
+    """No monitoring stack: the alarm delivery checks cannot start. The report still replaces latest.json, so that
+    an earlier passing report is not taken for this run's."""
+    deployment = serving.deployment
+    assert run_acceptance(deployment, tmp_path, capsys)[1]["passed"] is True
+    deployment.client("cloudformation").delete_stack(StackName=f"{deployment.prefix}-monitoring")
+    code, report, out = run_acceptance(deployment, tmp_path, capsys)
+    assert code == 1 and report["passed"] is False
+    assert report["checks"] == [{"state": "failed", "check": "acceptance", "subject": "dev", "detail":
+                                 "the checks stopped: stack decision-dev-monitoring is not deployed "
+                                 "(npx cdk deploy decision-dev-monitoring)"}]
+    assert report["endpoints"]["cpu"]["image"] == serving.image(deployment.digests["cpu"])
+    assert stored_reports(deployment)["acceptance/dev/latest.json"] == report

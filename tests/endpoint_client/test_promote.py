@@ -33,10 +33,11 @@ def accept(deployment, capsys) -> int:
     return code
 
 
-def run_promote(deployment, capsys) -> tuple[int, str, str]:
-    """python -m endpoint_client promote --from dev --to prod, as the command line dispatches it."""
+def run_promote(deployment, capsys, *extra: str) -> tuple[int, str, str]:
+    """python -m endpoint_client promote --from dev --to prod, as the command line dispatches it, on moto (its
+    acceptance reports are moto's)."""
     code = cli.main(["promote", "--from", "dev", "--to", "prod", "--cdk-json", str(deployment.cdk_json),
-                     "--endpoint-url", deployment.url])
+                     "--endpoint-url", deployment.url, *(extra or ("--emulator", "moto"))])
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -134,6 +135,16 @@ def test_refused_when_there_is_no_report(serving, capsys):
     before = promotable(deployment)
     err = refused(deployment, capsys, before)
     assert f"dev has no acceptance report (s3://{deployment.bucket}/acceptance/dev/latest.json)" in err
+    assert f"cpu {serving.image(deployment.digests['cpu'])}" in err
+
+
+def test_an_emulators_report_accepts_nothing_on_aws(serving, capsys):
+    deployment = serving.deployment
+    before = promotable(deployment)
+    assert accept(deployment, capsys) == 0
+    code, out, err = run_promote(deployment, capsys, "--region", REGION)   # no --emulator: as on AWS
+    assert (code, out, deployment.cdk_json.read_text()) == (1, "", before)
+    assert "was made on moto, but promote runs on AWS: a run on an emulator proves nothing on AWS" in err
     assert f"cpu {serving.image(deployment.digests['cpu'])}" in err
 
 
