@@ -168,6 +168,14 @@ def served_by(sagemaker: Any, endpoint_name: str) -> Served:
     model_data_url = container.get("ModelDataUrl") or source.get("S3Uri")
     if not model_data_url:
         raise CommandError(f"{endpoint_name}: Model {model['ModelName']} has no model data in S3", EXIT_FAILED)
+    image = container.get("Image", "")
+    # What SageMaker pulled (DescribeEndpoint's DeployedImages, where it reports them): the digest it resolved must be
+    # the Model's, or the Model's image is not what runs.
+    resolved = {deployed["ResolvedImage"] for variant in endpoint.get("ProductionVariants", [])
+                for deployed in variant.get("DeployedImages", []) if deployed.get("ResolvedImage")}
+    other = sorted(r for r in resolved if r.rpartition("@")[2] != image.rpartition("@")[2])
+    if other:
+        raise CommandError(f"{endpoint_name}: runs {', '.join(other)}, not its Model's {image}", EXIT_FAILED)
     return Served(endpoint_name=endpoint_name, status=endpoint["EndpointStatus"],
                   endpoint_config_name=config["EndpointConfigName"], model_name=model["ModelName"],
-                  image=container.get("Image", ""), model_data_url=model_data_url)
+                  image=image, model_data_url=model_data_url)

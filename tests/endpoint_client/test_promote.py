@@ -8,9 +8,11 @@ import difflib
 import json
 from types import SimpleNamespace
 
+import botocore.session
 import pytest
 
 from endpoint_client import acceptance, cli, promote
+from endpoint_client.deployment import CommandError, Served, served_by
 from registry_testkit import ACCOUNT, REGION, manifest, push
 
 
@@ -187,15 +189,49 @@ def test_refused_when_cdk_json_is_not_laid_out_as_json_dumps_writes_it(serving, 
 
 
 def test_the_model_pin_carries_its_bucket_and_the_key_names_the_gguf():
-    served = {kind: promote.Served(endpoint_name=f"decision-dev-{kind}", status="InService", endpoint_config_name="c",
+    served = {kind: Served(endpoint_name=f"decision-dev-{kind}", status="InService", endpoint_config_name="c",
                                    model_name="m", image="i", model_data_url=url)
               for kind, url in (("cpu", "s3://b/models/p/" + "a" * 64 + "/model.tar.gz"),)}
     config = SimpleNamespace(name="dev")
     assert promote._model_pin(config, served) == {"bucket": "b", "s3_key": "models/p/" + "a" * 64 + "/model.tar.gz",
                                                   "gguf_sha256": "a" * 64}
-    served["gpu"] = promote.Served(endpoint_name="decision-dev-gpu", status="InService", endpoint_config_name="c",
+    served["gpu"] = Served(endpoint_name="decision-dev-gpu", status="InService", endpoint_config_name="c",
                                    model_name="m", image="i", model_data_url="s3://b/other/model.tar.gz")
-    with pytest.raises(promote.CommandError, match="serve different model archives"):
+    with pytest.raises(CommandError, match="serve different model archives"):
         promote._model_pin(config, served)
-    with pytest.raises(promote.CommandError, match="cannot be pinned"):
+    with pytest.raises(CommandError, match="cannot be pinned"):
         promote._model_pin(config, {"gpu": served["gpu"]})
+
+
+class DescribingSageMaker:
+    """DescribeEndpoint, DescribeEndpointConfig and DescribeModel answers in botocore's shapes, with what AWS (not
+    moto) adds: the images SageMaker resolved (DeployedImages)."""
+
+    def __init__(self, resolved: str, model: dict):
+        self.resolved, self.model = resolved, model
+
+    def describe_endpoint(self, EndpointName):
+        return {"EndpointName": EndpointName, "EndpointConfigName": "c", "EndpointStatus": "InService",
+                "ProductionVariants": [{"VariantName": "AllTraffic", "DeployedImages": [
+                    {"SpecifiedImage": self.model["Image"], "ResolvedImage": self.resolved}]}]}
+
+    def describe_endpoint_config(self, EndpointConfigName):
+        return {"EndpointConfigName": EndpointConfigName, "ProductionVariants": [{"VariantName": "AllTraffic",
+                                                                                   "ModelName": "m"}]}
+
+    def describe_model(self, ModelName):
+        return {"ModelName": ModelName, "PrimaryContainer": self.model}
+
+
+def test_what_is_served_is_the_models_image_as_sagemaker_resolved_it_and_its_s3_model_data():
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    assert "ResolvedImage" in model.shape_for("DeployedImage").members
+    assert "S3Uri" in model.shape_for("S3ModelDataSource").members
+    image = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/images@sha256:" + "a" * 64
+    source = {"Image": image, "ModelDataSource": {"S3DataSource": {"S3Uri": "s3://b/models/p/k/model.tar.gz",
+                                                                   "S3DataType": "S3Object", "CompressionType": "Gzip"}}}
+    served = served_by(DescribingSageMaker(image, source), "decision-dev-cpu")
+    assert (served.image, served.model_data_url) == (image, "s3://b/models/p/k/model.tar.gz")
+    other = image.replace("a" * 64, "b" * 64)
+    with pytest.raises(CommandError, match=f"decision-dev-cpu: runs {other}, not its Model's {image}"):
+        served_by(DescribingSageMaker(other, source), "decision-dev-cpu")
