@@ -32,12 +32,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 from pydantic import ValidationError
 
 from endpoint_client import acceptance_report
 from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
-                                        SERVING, Served, aws_for, environment_of, served_by, stack_outputs)
+                                        SERVING, Served, aws_for, environment_of, error_code, served_by,
+                                        stack_outputs)
 from stacks.config import ENDPOINT_KINDS, EnvironmentConfig, ImagePins, ModelPin
 
 
@@ -223,6 +224,10 @@ def main(argv: Sequence[str]) -> int:
     except (NoCredentialsError, PartialCredentialsError) as error:
         report(f"no AWS credentials: {error}")
         return EXIT_CONFIGURATION
+    except ClientError as error:
+        # AccessDenied included: without s3:ListBucket, S3 answers a missing report so, not NoSuchKey.
+        report(f"refused: {error_code(error)}: {error}")
+        return EXIT_FAILED
     for change in changes:
         print(change)
     if changes:

@@ -187,3 +187,8 @@ def serving(deployment):
     yield found
     for kind in Serving.KINDS:
         found.remove(kind)
+    # moto answers a repeated InvokeEndpoint (same endpoint, same body) with the answer it gave first, which would
+    # shadow the answer a later test queues for the example request: forget them (the server runs in this process;
+    # behind its server, moto files every endpoint's answers under None, so all of them go).
+    from moto.sagemakerruntime.models import sagemakerruntime_backends
+    sagemakerruntime_backends[ACCOUNT][REGION].results.clear()

@@ -235,3 +235,16 @@ def test_what_is_served_is_the_models_image_as_sagemaker_resolved_it_and_its_s3_
     other = image.replace("a" * 64, "b" * 64)
     with pytest.raises(CommandError, match=f"decision-dev-cpu: runs {other}, not its Model's {image}"):
         served_by(DescribingSageMaker(other, source), "decision-dev-cpu")
+
+
+def test_refused_when_aws_refuses_a_read(serving, capsys):
+    """Any error AWS answers (AccessDenied, a bucket gone) refuses on one line: it never reads as no report."""
+    deployment = serving.deployment
+    before = promotable(deployment)
+    assert accept(deployment, capsys) == 0
+    s3 = deployment.client("s3")
+    for item in s3.list_objects_v2(Bucket=deployment.bucket)["Contents"]:
+        s3.delete_object(Bucket=deployment.bucket, Key=item["Key"])
+    s3.delete_bucket(Bucket=deployment.bucket)
+    err = refused(deployment, capsys, before)
+    assert err.startswith("endpoint_client promote: refused: NoSuchBucket: ")
