@@ -12,7 +12,11 @@
 
 - ``acceptance -c env=NAME`` (``acceptance``): after a deploy, the checks only a real account can make: each
   endpoint answers, its log line and log metric, every alarm's metric, storage, alarm delivery, and on request a
-  rollback drill.
+  rollback drill; every run writes its report (``acceptance_report``: what each endpoint served, and whether every
+  check passed) to the artifact bucket's ``acceptance/<environment>/``;
+- ``promote --from dev --to prod`` (``promote``): writes the target's pins in cdk.json from what the source's
+  endpoints serve, refusing unless the source's latest acceptance report passed for exactly those digests.
 
-``deployment`` is what the operator commands share: cdk.json read with the CDK app's own validation, and stack outputs.
+``deployment`` is what the operator commands share: cdk.json read with the CDK app's own validation, stack outputs,
+and what an endpoint serves.
 """

@@ -26,9 +26,18 @@ still needs a real account"). Each line is one check:
    the stack's and endpoint's final state. An update that is not rolled back is undone (UpdateEndpoint to the stack's
    EndpointConfig) and fails the check; the drill's Model and EndpointConfig are deleted.
 
+7. **served**: each endpoint served the same EndpointConfig, image and model archive at the end of the checks as
+   at their start (DescribeEndpoint -> EndpointConfig -> Model), so the report names what the checks saw.
+
 States: ``proved``, ``failed``, ``warn``, ``skipped``, and, with ``--emulator moto`` (the deploy rehearsal), ``unprovable``:
 moto has no containers, metric data, metric filters, alarm actions or DeploymentConfig, so each check that needs one
-says which. Exit 0 when no check failed, 1 otherwise, 2 bad arguments or cdk.json, 4 no region or credentials.
+says which.
+
+Every run writes its report (endpoint_client.acceptance_report: what each endpoint served, every check, and
+``passed``: no check failed) to the artifact bucket under ``acceptance/<environment>/<UTC timestamp>.json`` and
+``acceptance/<environment>/latest.json``, and with ``--report PATH`` to that file; ``promote`` reads the latest.
+Exit 0 when no check failed and the report was written, 1 otherwise, 2 bad arguments or cdk.json, 4 no region or
+credentials.
 """
 
 from __future__ import annotations
@@ -44,8 +53,10 @@ from typing import Any, Callable, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
-                                        add_common_arguments, aws_for, error_code, load_config, stack_outputs)
+from endpoint_client import acceptance_report
+from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError, Served,
+                                        add_common_arguments, aws_for, error_code, load_config, served_by,
+                                        stack_outputs)
 from endpoint_client.invoke import InvokeFailed, RetryPolicy, invoke
 from endpoint_client.preflight import deployed_kinds
 from stacks.adapter_logs import metric_logs
@@ -83,6 +94,8 @@ class Acceptance:
         self.examples, self.sleep, self.clock, self.log = examples, sleep, clock, log
         self.kinds = deployed_kinds(config)
         self.started = datetime.now(timezone.utc) - timedelta(seconds=5)
+        # What each endpoint served when the checks began (the report's "endpoints"), filled by run().
+        self.served: dict[str, Served] = {}
 
     # --- how a missing piece of evidence is reported ------------------------------------------------------------
 
@@ -108,7 +121,8 @@ class Acceptance:
         if not self.kinds:
             return [Result("failed", "deployment", self.config.name,
                            "no endpoint is listed and pinned in cdk.json: nothing to accept")]
-        results = [r for kind in self.kinds for r in self.invoke(kind)]
+        self.served, results = self.served_now()
+        results += [r for kind in self.kinds for r in self.invoke(kind)]
         results += [r for kind in self.kinds if kind in ADAPTER_KINDS for r in self.log_checks(kind)]
         alarms = {kind: self.alarms_of(kind) for kind in self.kinds}
         results += [r for kind in self.kinds for r in self.metric_checks(kind, alarms[kind])]
@@ -116,7 +130,30 @@ class Acceptance:
         results += self.delivery_checks(alarms)
         results.append(self.rollback_drill(*drill) if drill else
                        Result("skipped", "rollback drill", "-", "not requested (--rollback-drill KIND)"))
+        after, _ = self.served_now()
+        results += [self.unchanged(found, after.get(kind)) for kind, found in self.served.items()]
         return results
+
+    def served_now(self) -> tuple[dict[str, Served], list[Result]]:
+        """What each endpoint serves now, and a failed "served" check for each whose chain cannot be read."""
+        sagemaker, served, problems = self.aws.client("sagemaker"), {}, []
+        for kind in self.kinds:
+            try:
+                served[kind] = served_by(sagemaker, self.config.endpoint_name(kind))
+            except CommandError as error:
+                problems.append(Result("failed", "served", self.config.endpoint_name(kind), str(error)))
+        return served, problems
+
+    def unchanged(self, before: Served, after: Served | None) -> Result:
+        """The checks prove what the endpoint served only if it served the same throughout (a deploy during the
+        run, or a drill that was not undone, would make the report name artifacts the checks did not see)."""
+        what = f"{before.image} with {before.model_data_url} ({before.endpoint_config_name})"
+        if after is not None and after.artifacts() == before.artifacts():
+            return Result("proved", "served", before.endpoint_name, f"{what} throughout the checks")
+        now = "cannot be read" if after is None else \
+            f"{after.image} with {after.model_data_url} ({after.endpoint_config_name})"
+        return Result("failed", "served", before.endpoint_name, f"changed during the checks: {what} at the start, "
+                                                                f"now {now}")
 
     def invoke(self, kind: str) -> list[Result]:
         name = self.config.endpoint_name(kind)
@@ -237,7 +274,12 @@ class Acceptance:
         sagemaker = self.aws.client("sagemaker")
         for kind, kind_alarms in alarms.items():
             name = self.config.endpoint_name(kind)
-            status = sagemaker.describe_endpoint(EndpointName=name)["EndpointStatus"]
+            try:
+                status = sagemaker.describe_endpoint(EndpointName=name)["EndpointStatus"]
+            except ClientError as error:
+                results.append(Result("skipped", "alarm delivery", name, f"the endpoint cannot be described "
+                                      f"({error_code(error)}; its served check says why)"))
+                continue
             if status != "InService":
                 results.append(Result("skipped", "alarm delivery", name, f"the endpoint is {status}: an alarm set "
                                       "to ALARM now could roll its update back"))
@@ -404,6 +446,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--drill-environment", action="append", default=[], metavar="KEY=VALUE",
                         help="the drill model's environment changes, e.g. ADAPTER_MODEL_DIR=/opt/ml/no-model")
     parser.add_argument("--drill-image", help="the drill model's image (default: the deployed one)")
+    parser.add_argument("--report", type=Path, metavar="PATH",
+                        help="also write the acceptance report (JSON) here; it always goes to the artifact bucket's "
+                             "acceptance/<environment>/")
     args = parser.parse_args(argv)
     report = lambda message: print(f"endpoint_client acceptance: {message}", file=sys.stderr)  # noqa: E731
     try:
@@ -416,18 +461,56 @@ def main(argv: Sequence[str]) -> int:
             drill = (args.rollback_drill, environment, args.drill_image)
         config = load_config(args)
         aws = aws_for(args, config)
-        examples = args.cdk_json.resolve().parent / "examples"
-        results = Acceptance(config, aws, emulator=args.emulator, wait_s=args.wait, examples=examples,
-                             log=report).run(drill)
     except CommandError as error:
         report(str(error))
         return error.exit_code
+    examples = args.cdk_json.resolve().parent / "examples"
+    started_at = datetime.now(timezone.utc)
+    checker = Acceptance(config, aws, emulator=args.emulator, wait_s=args.wait, examples=examples, log=report)
+    try:
+        results = checker.run(drill)
     except (NoCredentialsError, PartialCredentialsError) as error:
         report(f"no AWS credentials: {error}")
         return EXIT_CONFIGURATION
+    except (CommandError, ClientError) as error:
+        # The run stopped part way: its report says so (not passed), so that an earlier passing report of the same
+        # digests is no longer the latest.
+        report(f"the checks stopped: {error}")
+        results = [Result("failed", "acceptance", config.name, f"the checks stopped: {error}")]
     for result in results:
         print(result.line())
     counts = {state: sum(r.state == state for r in results) for state in
               ("proved", "failed", "warn", "unprovable", "skipped")}
     print(", ".join(f"{n} {state}" for state, n in counts.items()))
-    return EXIT_FAILED if counts["failed"] else EXIT_OK
+    finished_at = datetime.now(timezone.utc)
+    document = acceptance_report.build(config, region=aws.session.region_name, emulator=args.emulator,
+                                       started_at=started_at, finished_at=finished_at, served=checker.served,
+                                       results=results)
+    written = _write_report(config, aws, document, finished_at, args.report, report)
+    return EXIT_FAILED if counts["failed"] or not written else EXIT_OK
+
+
+def _write_report(config: EnvironmentConfig, aws: Aws, document: dict[str, Any], finished_at: datetime,
+                  local: Path | None, report: Callable[[str], None]) -> bool:
+    """The report to ``local`` (if given) and to the artifact bucket; False (the run fails) when either could not
+    be written: promote trusts only a report in the bucket."""
+    written = True
+    if local is not None:
+        try:
+            acceptance_report.write_local(local, document)
+            report(f"report written to {local}")
+        except OSError as error:
+            report(f"cannot write the report to {local}: {error}")
+            written = False
+    try:
+        bucket = stack_outputs(aws.client("cloudformation"), config.artifacts_stack_name,
+                               ["ArtifactBucketName"])["ArtifactBucketName"]
+        urls = acceptance_report.write(aws.client("s3"), bucket, document, finished_at)
+        report(f"report ({'passed' if document['passed'] else 'not passed'}) written to {' and '.join(urls)}")
+    except CommandError as error:
+        report(f"the report was not written to the artifact bucket: {error}")
+        written = False
+    except ClientError as error:
+        report(f"the report was not written to the artifact bucket: {error_code(error)}: {error}")
+        written = False
+    return written

@@ -1,8 +1,10 @@
-"""What the operator commands (check-pins, preflight, transform) know about a deployment, without the CDK.
+"""What the operator commands (check-pins, preflight, transform, acceptance, promote) know about a deployment,
+without the CDK.
 
 They read an environment from cdk.json with the CDK app's own validation (stacks/config.py, which imports no
-CDK), and the names CloudFormation generated from the stacks' outputs: the artifacts stack's bucket and
-repository, an endpoint stack's Model. Both commands take ``-c env=NAME`` as ``npx cdk`` does.
+CDK), the names CloudFormation generated from the stacks' outputs (the artifacts stack's bucket and repository,
+an endpoint stack's Model), and what an endpoint serves (:func:`served_by`: its Model's image and model archive).
+The commands of one environment take ``-c env=NAME`` as ``npx cdk`` does.
 """
 
 from __future__ import annotations
@@ -50,12 +52,21 @@ def load_config(args: argparse.Namespace) -> EnvironmentConfig:
         context[key] = value
     try:
         cdk_json = json.loads(args.cdk_json.read_text())
-        pins = json.loads((args.cdk_json.resolve().parent / "model_build" / "pins.json").read_text())
     except (OSError, ValueError) as error:
-        raise CommandError(f"cannot read {args.cdk_json} or its model_build/pins.json: {error}") from None
+        raise CommandError(f"cannot read {args.cdk_json}: {error}") from None
+    return environment_of(cdk_json, context.get("env"), args.cdk_json)
+
+
+def environment_of(cdk_json: Any, env_name: Any, path: Path) -> EnvironmentConfig:
+    """``environments.<env_name>`` of the parsed cdk.json at ``path``, validated with model_build/pins.json beside
+    it, as app.py validates it."""
     try:
-        return load_environment(cdk_json.get("context", {}).get("environments"), context.get("env"),
-                                model_pins=sorted(pins["pins"]))
+        pins = json.loads((path.resolve().parent / "model_build" / "pins.json").read_text())
+    except (OSError, ValueError) as error:
+        raise CommandError(f"cannot read the model_build/pins.json beside {path}: {error}") from None
+    environments = cdk_json.get("context", {}).get("environments") if isinstance(cdk_json, dict) else None
+    try:
+        return load_environment(environments, env_name, model_pins=sorted(pins["pins"]))
     except ConfigError as error:
         raise CommandError(f"cdk.json: {error}") from None
 
@@ -115,3 +126,56 @@ def stack_outputs(cloudformation: Any, stack_name: str, required: Sequence[str])
 
 def error_code(error: ClientError) -> str:
     return error.response.get("Error", {}).get("Code", "")
+
+
+# An endpoint in any other state (Creating, Updating, SystemUpdating, RollingBack, UpdateRollbackFailed, Deleting,
+# Failed, OutOfService) is changing or broken: what it serves now is not what it will serve.
+SERVING = "InService"
+
+
+@dataclass(frozen=True)
+class Served:
+    """What an endpoint serves: DescribeEndpoint -> its EndpointConfig -> the variant's Model -> PrimaryContainer."""
+    endpoint_name: str
+    status: str
+    endpoint_config_name: str
+    model_name: str
+    image: str              # PrimaryContainer.Image: '<repository URI>@sha256:...' as the endpoint stack pins it
+    model_data_url: str     # s3://bucket/key: ModelDataUrl, or ModelDataSource.S3DataSource.S3Uri
+
+    def artifacts(self) -> dict[str, str]:
+        """What an acceptance report records and promote compares."""
+        return {"endpoint_name": self.endpoint_name, "endpoint_config_name": self.endpoint_config_name,
+                "model_name": self.model_name, "image": self.image, "model_data_url": self.model_data_url}
+
+
+def served_by(sagemaker: Any, endpoint_name: str) -> Served:
+    """The endpoint's Served; CommandError (EXIT_FAILED) when it does not exist, has other than one variant or its
+    Model has no model data in S3 (the endpoint stacks deploy one variant with one model archive)."""
+    try:
+        endpoint = sagemaker.describe_endpoint(EndpointName=endpoint_name)
+        config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
+        variants = config["ProductionVariants"]
+        if len(variants) != 1:
+            raise CommandError(f"{endpoint_name}: EndpointConfig {config['EndpointConfigName']} has {len(variants)} "
+                               f"variants; the endpoint stacks deploy one", EXIT_FAILED)
+        model = sagemaker.describe_model(ModelName=variants[0]["ModelName"])
+    except ClientError as error:
+        raise CommandError(f"{endpoint_name}: {error_code(error) or 'error'}: "
+                           f"{error.response.get('Error', {}).get('Message', error)}", EXIT_FAILED) from None
+    container = model.get("PrimaryContainer", {})
+    source = container.get("ModelDataSource", {}).get("S3DataSource", {})
+    model_data_url = container.get("ModelDataUrl") or source.get("S3Uri")
+    if not model_data_url:
+        raise CommandError(f"{endpoint_name}: Model {model['ModelName']} has no model data in S3", EXIT_FAILED)
+    image = container.get("Image", "")
+    # What SageMaker pulled (DescribeEndpoint's DeployedImages, where it reports them): the digest it resolved must be
+    # the Model's, or the Model's image is not what runs.
+    resolved = {deployed["ResolvedImage"] for variant in endpoint.get("ProductionVariants", [])
+                for deployed in variant.get("DeployedImages", []) if deployed.get("ResolvedImage")}
+    other = sorted(r for r in resolved if r.rpartition("@")[2] != image.rpartition("@")[2])
+    if other:
+        raise CommandError(f"{endpoint_name}: runs {', '.join(other)}, not its Model's {image}", EXIT_FAILED)
+    return Served(endpoint_name=endpoint_name, status=endpoint["EndpointStatus"],
+                  endpoint_config_name=config["EndpointConfigName"], model_name=model["ModelName"],
+                  image=image, model_data_url=model_data_url)

@@ -116,3 +116,79 @@ def endpoint_stack(deployment):
     _stack(deployment.client("cloudformation"), f"{deployment.prefix}-endpoint-cpu", {
         "EndpointName": f"{deployment.prefix}-cpu", "ModelName": model_name, "TransformInstanceType": "ml.c7i.xlarge"})
     return model_name
+
+
+class Serving:
+    """dev's endpoints as its endpoint stacks deploy them on moto (Model -> EndpointConfig -> Endpoint, the image by
+    digest in the artifacts stack's repository, the archive in its bucket), its monitoring stack's topic and each
+    endpoint's DiskUtilization alarm: what ``acceptance`` checks and ``promote`` reads."""
+
+    KINDS = ("cpu", "gpu", "text_generation")
+
+    def __init__(self, deployment: Deployment):
+        self.deployment = deployment
+        self.sagemaker = deployment.client("sagemaker")
+        self.cloudwatch = deployment.client("cloudwatch")
+        self.deploys = 0
+
+    @staticmethod
+    def endpoint_name(kind: str) -> str:
+        return f"decision-dev-{kind.replace('_', '-')}"
+
+    def image(self, digest: str) -> str:
+        return f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{self.deployment.repository}@{digest}"
+
+    @property
+    def model_data_url(self) -> str:
+        return f"s3://{self.deployment.bucket}/{self.deployment.model_key}"
+
+    def deploy(self, kind: str, digest: str | None = None) -> None:
+        """(Re)deploy the kind's endpoint with a new Model and EndpointConfig (moto has no UpdateEndpoint: the
+        endpoint is deleted and created again under its name)."""
+        self.deploys += 1
+        name, unique = self.endpoint_name(kind), f"{self.deployment.bucket[-16:]}-{self.deploys}"
+        self.sagemaker.create_model(
+            ModelName=f"EndpointModel-{unique}", ExecutionRoleArn=f"arn:aws:iam::{ACCOUNT}:role/execution",
+            PrimaryContainer={"Image": self.image(digest or self.deployment.digests[kind]),
+                              "ModelDataUrl": self.model_data_url})
+        self.sagemaker.create_endpoint_config(EndpointConfigName=f"EndpointConfig-{unique}", ProductionVariants=[{
+            "VariantName": "AllTraffic", "ModelName": f"EndpointModel-{unique}", "InitialInstanceCount": 1,
+            "InstanceType": "ml.c5.xlarge"}])
+        self.remove(kind)
+        self.sagemaker.create_endpoint(EndpointName=name, EndpointConfigName=f"EndpointConfig-{unique}")
+        self.cloudwatch.put_metric_alarm(
+            AlarmName=f"{name}-DiskUtilization", Namespace="/aws/sagemaker/Endpoints", MetricName="DiskUtilization",
+            Dimensions=[{"Name": "EndpointName", "Value": name}, {"Name": "VariantName", "Value": "AllTraffic"}],
+            Statistic="Maximum", Period=300, EvaluationPeriods=1, Threshold=85, ComparisonOperator="GreaterThanThreshold")
+
+    def remove(self, kind: str) -> None:
+        name = self.endpoint_name(kind)
+        if any(e["EndpointName"] == name for e in self.sagemaker.list_endpoints(NameContains=name)["Endpoints"]):
+            self.sagemaker.delete_endpoint(EndpointName=name)
+        self.cloudwatch.delete_alarms(AlarmNames=[f"{name}-DiskUtilization"])
+
+    def set_status(self, kind: str, status: str) -> None:
+        """An endpoint state moto never enters by itself (it implements no UpdateEndpoint), set in its backend: the
+        server runs in this process."""
+        from moto.sagemaker.models import sagemaker_backends
+        sagemaker_backends[ACCOUNT][REGION].endpoints[self.endpoint_name(kind)].endpoint_status = status
+
+
+@pytest.fixture
+def serving(deployment):
+    """dev deployed: its three endpoints in service, alarmed, with the monitoring stack's topic."""
+    (deployment.root / "examples").mkdir()
+    shutil.copy(REPOSITORY_ROOT / "examples" / "support-route.json", deployment.root / "examples")
+    topic = deployment.client("sns").create_topic(Name=f"alarms-{deployment.bucket}")["TopicArn"]
+    _stack(deployment.client("cloudformation"), f"{deployment.prefix}-monitoring", {"AlarmTopicArn": topic})
+    found = Serving(deployment)
+    for kind in Serving.KINDS:
+        found.deploy(kind)
+    yield found
+    for kind in Serving.KINDS:
+        found.remove(kind)
+    # moto answers a repeated InvokeEndpoint (same endpoint, same body) with the answer it gave first, which would
+    # shadow the answer a later test queues for the example request: forget them (the server runs in this process;
+    # behind its server, moto files every endpoint's answers under None, so all of them go).
+    from moto.sagemakerruntime.models import sagemakerruntime_backends
+    sagemakerruntime_backends[ACCOUNT][REGION].results.clear()
