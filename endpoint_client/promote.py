@@ -45,9 +45,9 @@ from stacks.config import ENDPOINT_KINDS, EnvironmentConfig, ImagePins, ModelPin
 def target_kinds(environments: Any, source: str, target: str) -> list[str]:
     """The endpoint kinds the target lists, once it is known to take its artifacts from the source.
 
-    Read from the raw cdk.json: stacks/config.py learns ``artifacts_from`` (convention 1) on the crossenv branch;
-    once merged, ``load_environment(environments, target, ...)`` replaces this (its ``artifacts_from`` and
-    ``endpoints``), and validates the pins written below.
+    Read from the raw cdk.json, not through load_environment: the target's pins as they stand may be what promote
+    replaces (a bare digest of a prod that built its own), which validation would refuse before anything is
+    written. The target is validated whole, as app.py validates it, once its new pins are in (``promote``).
     """
     if not isinstance(environments, Mapping) or target not in environments:
         names = ", ".join(sorted(environments)) if isinstance(environments, Mapping) else "none"
@@ -191,6 +191,9 @@ def promote(cdk_json_path: Path, source_name: str, target: str, aws_for_source: 
     source = environment_of(cdk_json, source_name, cdk_json_path)
     pins = accepted_pins(source, kinds, aws_for_source(source), emulator=emulator)
     rewritten, changes = with_pins(text, cdk_json, target, pins)
+    # The target as the CDK app will read it: artifacts_from, the pins' forms (full references into the source's
+    # repository, the model with its bucket) and their account and region against the source's.
+    environment_of(json.loads(rewritten), target, cdk_json_path)
     if changes:
         cdk_json_path.write_text(rewritten)
     return changes

@@ -21,7 +21,9 @@ def promotable(deployment, indent=2, edit=None) -> str:
     cdk_json = json.loads(deployment.cdk_json.read_text())
     prod = cdk_json["context"]["environments"]["prod"]
     prod["artifacts_from"] = "dev"
-    del prod["build"]
+    # prod is retained and protected, so it names where it deploys (app.py refuses it otherwise): dev's account here.
+    prod["account"], prod["region"] = ACCOUNT, REGION
+    prod.pop("build", None)  # cdk.json ships prod so; a copy of an older one may still build
     if edit is not None:
         edit(prod)
     text = json.dumps(cdk_json, indent=indent) + "\n"
@@ -176,6 +178,17 @@ def test_refused_unless_the_target_takes_its_artifacts_from_the_source(serving, 
     code, out, err = run_promote(deployment, capsys)
     assert (code, out, deployment.cdk_json.read_text()) == (2, "", before)
     assert f"environments.prod.artifacts_from is {json.dumps(artifacts_from)}, not \"dev\"" in err
+
+
+def test_refused_when_the_pins_written_would_not_deploy(serving, capsys):
+    """The target is validated as the CDK app validates it, new pins in, before anything is written: here prod
+    deploys to another region than the one dev's images are in, which SageMaker cannot pull from."""
+    deployment = serving.deployment
+    before = promotable(deployment, edit=lambda prod: prod.update(region="ap-southeast-2"))
+    assert accept(deployment, capsys) == 0
+    code, out, err = run_promote(deployment, capsys)
+    assert (code, out, deployment.cdk_json.read_text()) == (2, "", before)
+    assert "environments.prod.pins.images.cpu" in err and "ap-southeast-2" in err, err
 
 
 def test_refused_when_cdk_json_is_not_laid_out_as_json_dumps_writes_it(serving, capsys):
