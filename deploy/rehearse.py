@@ -13,9 +13,10 @@ says localhost) and made-up credentials:
    EndpointConfig with the new image, the endpoint names unchanged;
 4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
    each one moto cannot show says why;
-5. prod from dev's artifacts (``artifacts_from: dev``): prod's pins written from what dev serves (its endpoints'
-   Models: full references into dev's repository, the archive in dev's bucket; :func:`pins_from_source`, a stand-in
-   for ``python -m endpoint_client promote --from dev --to prod``), ``npx cdk deploy -c env=prod --all``: no build
+5. prod from dev's artifacts (``artifacts_from: dev``): ``python -m endpoint_client promote --from dev --to prod
+   --emulator moto`` writes prod's pins from what dev serves and step 4's report accepted (full references into
+   dev's repository, the archive in dev's bucket; refused at step 3, before any acceptance of those digests),
+   ``npx cdk deploy -c env=prod --all``: no build
    stack, every other stack CREATE_COMPLETE and protected, each endpoint InService on a Model naming dev's image
    digest and model data URL; then ``npx cdk destroy`` of prod's monitoring stack refused by its termination
    protection;
@@ -192,11 +193,6 @@ class Rehearsal:
         """(EndpointConfig name, its model's PrimaryContainer) of a deployed endpoint, which must be InService."""
         return endpoint_container(self.client("sagemaker"), endpoint_name)
 
-    def write_pins(self, env: str, pins: dict[str, Any]) -> None:
-        cdk_json = self.cdk_json()
-        cdk_json["context"]["environments"][env]["pins"] = pins
-        (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
-
     def check_skipped_resource_types(self, stack_names: list[str]) -> None:
         """The resources moto did not create are exactly of the types docs/deploy.md lists as missing from moto."""
         cloudformation, skipped = self.client("cloudformation"), set()
@@ -253,6 +249,11 @@ class Rehearsal:
         check(image_digest("cpu", 2) in diff.stdout + diff.stderr, "the diff does not show the new cpu digest")
         self.check_review_role(self.recorder("download-recording"))
         self.cdk("deploy", "-c", "env=dev", "--all", "--require-approval", "never")
+        # Digests dev serves but no acceptance proved: promote refuses them, and writes nothing.
+        before = (self.checkout / "cdk.json").read_text()
+        refused = self.promote(expect_failure=True)
+        check("no acceptance report" in refused, f"promote refused for another reason: {refused[-2000:]}")
+        check((self.checkout / "cdk.json").read_text() == before, "a refused promote changed cdk.json")
         stacks = self.stacks()
         for name in dev:
             expected = "UPDATE_COMPLETE" if "-endpoint-" in name else ("CREATE_COMPLETE", "UPDATE_COMPLETE")
@@ -267,7 +268,7 @@ class Rehearsal:
         self.acceptance = self.accept()
 
         self.log("5. prod from dev's artifacts: deploy prod --all, then termination protection refuses a destroy")
-        self.write_pins("prod", pins_from_source(self.client("sagemaker"), endpoints))
+        self.promote()
         self.cdk("deploy", "-c", "env=prod", "--all", "--require-approval", "never")
         prod, stacks = self.stack_names("prod"), self.stacks()
         check("decision-prod-build" not in stacks and "decision-prod-build" not in prod,
@@ -331,6 +332,18 @@ class Rehearsal:
                  + (f"; it also tried sts:AssumeRole on {', '.join(sorted(assumed))}, which that role may not"
                     if assumed else ""))
 
+    def promote(self, *, expect_failure: bool = False) -> str:
+        """``python -m endpoint_client promote --from dev --to prod --emulator moto`` on the checkout's cdk.json: its
+        output (the pins it wrote, or why it refused)."""
+        command = [sys.executable, "-m", "endpoint_client", "promote", "--from", "dev", "--to", "prod",
+                   "--emulator", "moto", "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json")]
+        done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
+                              timeout=300)
+        output = done.stdout + done.stderr
+        check((done.returncode != 0) == expect_failure, f"promote exited {done.returncode}:\n{output[-4000:]}")
+        self.log(f"  promote --from dev --to prod: exit {done.returncode}: {output.strip().splitlines()[-1]}")
+        return output
+
     def accept(self) -> list[str]:
         command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",
                    "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json"), "--wait", "0",
@@ -353,23 +366,6 @@ def endpoint_container(sagemaker: Any, endpoint_name: str) -> tuple[str, dict[st
     config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
     (variant,) = config["ProductionVariants"]
     return endpoint["EndpointConfigName"], sagemaker.describe_model(ModelName=variant["ModelName"])["PrimaryContainer"]
-
-
-def pins_from_source(sagemaker: Any, source_endpoints: dict[str, str]) -> dict[str, Any]:
-    """The pins of an environment whose artifacts_from names the source, from what the source's endpoints serve:
-    each kind's image as its Model names it (the full reference into the source's repository, by digest), and the
-    model archive's key, GGUF sha256 and bucket from the Model's data URL.
-
-    The stand-in for ``python -m endpoint_client promote --from dev --to prod`` (which also requires dev's latest
-    acceptance report to have passed for these digests); the promote integration replaces this function."""
-    images, archives = {}, set()
-    for kind, endpoint_name in source_endpoints.items():
-        _, container = endpoint_container(sagemaker, endpoint_name)
-        images[kind] = container["Image"]
-        archives.add(container["ModelDataUrl"])
-    check(len(archives) == 1, f"the source's endpoints serve different model archives: {sorted(archives)}")
-    bucket, _, key = archives.pop().removeprefix("s3://").partition("/")
-    return {"images": images, "model": {"s3_key": key, "gguf_sha256": key.split("/")[2], "bucket": bucket}}
 
 
 def rehearse(log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
