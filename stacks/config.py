@@ -591,6 +591,9 @@ class EnvironmentConfig(_Settings):
     def endpoint_stack_name(self, kind: str) -> str:
         return f"{self.name_prefix}-endpoint-{kind.replace('_', '-')}"
 
+    def execution_role_name(self, kind: str) -> str:
+        return f"{self.name_prefix}-{kind.replace('_', '-')}-execution"
+
     @property
     def review_stack_name(self) -> str:
         return f"{self.name_prefix}-review"

@@ -56,6 +56,8 @@ class EndpointStack(cdk.Stack):
 
         self.execution_role = iam.Role(
             self, "ExecutionRole",
+            # A fixed name (EnvironmentConfig.execution_role_name): the operator policy's iam:PassRole names it.
+            role_name=f"{name_prefix}-{spec.slug}-execution",
             # Only SageMaker acting for this account may assume it (confused-deputy protection).
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com", conditions={
                 "StringEquals": {"aws:SourceAccount": cdk.Aws.ACCOUNT_ID}}),
