@@ -10,7 +10,9 @@ says localhost) and made-up credentials:
 3. a pin change (new image digests), ``npx cdk diff --method template`` showing it (its API calls recorded by moto
    and each evaluated against the review stack's role, deploy/iam_simulation.py: what a pull request's diff does
    with that role) and ``npx cdk deploy --all`` again: the endpoint stacks UPDATE_COMPLETE, each endpoint on a new
-   EndpointConfig with the new image, the endpoint names unchanged;
+   EndpointConfig with the new image, the endpoint names unchanged; the calls the diff and the deploy made with the
+   caller's own credentials (not a bootstrap role's) evaluated against the deployed deployer policy
+   (``<prefix>-deployer`` of the access stack);
 4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
    each one moto cannot show says why;
 5. ``npx cdk deploy -c env=prod`` of prod's monitoring stack, and ``npx cdk destroy`` of it refused by its
@@ -34,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import boto3
 
@@ -103,6 +106,21 @@ def review_requests(recording: str, stacks: dict[str, dict[str, Any]], account: 
     return requests, assumed
 
 
+def caller_requests(recording: str, access_key: str, stacks: dict[str, dict[str, Any]], account: str, region: str
+                    ) -> list[iam_simulation.Request]:
+    """The IAM requests of the calls in a moto recording signed with ``access_key`` (the caller's own credentials,
+    not those of a role the CLI assumed): what the deployer policy must allow. sts:AssumeRole is one of them; a call
+    with session tags would also need sts:TagSession."""
+    import re
+    own = "\n".join(line for line in recording.splitlines() if line and re.search(
+        rf"Credential={re.escape(access_key)}/", json.dumps(json.loads(line)["headers"])))
+    requests, assumed = review_requests(own, stacks, account, region)
+    tagged = [line for line in own.splitlines() if "AssumeRole" in line and "Tags.member" in line]
+    return requests + [iam_simulation.Request("sts:AssumeRole", role, source="cdk: sts AssumeRole")
+                       for role in sorted(assumed)] + \
+        [iam_simulation.Request("sts:TagSession", "*", source="cdk: sts AssumeRole with tags") for _ in tagged[:1]]
+
+
 class RehearsalFailed(AssertionError):
     pass
 
@@ -170,7 +188,7 @@ class Rehearsal:
 
     def stack_names(self, env: str) -> list[str]:
         prefix = json.loads((self.checkout / "cdk.json").read_text())["context"]["environments"][env]["name_prefix"]
-        return [f"{prefix}-{kind}" for kind in ("artifacts", "build", "monitoring", "review", "endpoint-cpu",
+        return [f"{prefix}-{kind}" for kind in ("artifacts", "build", "monitoring", "review", "access", "endpoint-cpu",
                                                 "endpoint-gpu", "endpoint-text-generation")]
 
     def endpoint_images(self, endpoint_name: str) -> tuple[str, str]:
@@ -237,8 +255,13 @@ class Rehearsal:
         diff = self.cdk("diff", "-c", "env=dev", "--all", "--method", "template")
         self.recorder("stop-recording")
         check(image_digest("cpu", 2) in diff.stdout + diff.stderr, "the diff does not show the new cpu digest")
-        self.check_review_role(self.recorder("download-recording"))
+        diff_calls = self.recorder("download-recording")
+        self.check_review_role(diff_calls)
+        self.recorder("reset-recording")
+        self.recorder("start-recording")
         self.cdk("deploy", "-c", "env=dev", "--all", "--require-approval", "never")
+        self.recorder("stop-recording")
+        self.check_deployer_policy(diff_calls, self.recorder("download-recording"))
         stacks = self.stacks()
         for name in dev:
             expected = "UPDATE_COMPLETE" if "-endpoint-" in name else ("CREATE_COMPLETE", "UPDATE_COMPLETE")
@@ -300,6 +323,29 @@ class Rehearsal:
         self.log(f"  the diff's {len(requests)} calls ({', '.join(actions)}) are allowed by decision-dev-cdk-diff"
                  + (f"; it also tried sts:AssumeRole on {', '.join(sorted(assumed))}, which that role may not"
                     if assumed else ""))
+
+    def check_deployer_policy(self, *recordings: str) -> None:
+        """Every call the CLI made with the caller's own credentials during the diff and the deploy: allowed by the
+        deployed deployer policy (the bootstrap roles it assumed do the rest)."""
+        iam = self.client("iam")
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in self.stacks()["decision-dev-access"]["Outputs"]}
+        policy = iam.get_policy(PolicyArn=outputs["DeployerPolicyArn"])["Policy"]
+        document = iam.get_policy_version(PolicyArn=policy["Arn"], VersionId=policy["DefaultVersionId"])[
+            "PolicyVersion"]["Document"]
+        document = document if isinstance(document, dict) else json.loads(unquote(document))
+        stacks = self.stacks()
+        requests = [r for recording in recordings
+                    for r in caller_requests(recording, "rehearsal", stacks, ACCOUNT, REGION)]
+        actions = sorted({r.action for r in requests})
+        check("sts:AssumeRole" in actions, f"the CLI assumed no bootstrap role with the caller's credentials: {actions}")
+        verdicts = iam_simulation.evaluate(f"arn:aws:iam::{ACCOUNT}:user/deployer", ACCOUNT, requests,
+                                           identity_policies=[document])
+        denied = iam_simulation.denied(verdicts)
+        check(not denied, f"{policy['PolicyName']} does not allow what cdk diff and deploy call with the caller's "
+                          f"credentials:\n" + "\n".join(denied))
+        self.log(f"  cdk diff and deploy made {len(requests)} calls with the caller's own credentials "
+                 f"({', '.join(actions)}: {', '.join(sorted({r.resource.rsplit('/', 1)[1] for r in requests if r.action == 'sts:AssumeRole'}))}); "
+                 f"all are allowed by {policy['PolicyName']}")
 
     def accept(self) -> list[str]:
         command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",

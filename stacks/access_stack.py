@@ -30,7 +30,8 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.artifacts_stack import ArtifactsStack
-from stacks.config import (BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, MODEL_PREFIX, TRANSFORM_KINDS, EnvironmentConfig)
+from stacks.config import (BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, ENDPOINT_KINDS, MODEL_PREFIX, TRANSFORM_KINDS,
+                           EnvironmentConfig)
 
 # Where `acceptance` records its report in the artifact bucket (issue 33's convention 4), per environment.
 ACCEPTANCE_PREFIX = "acceptance/"
@@ -113,7 +114,9 @@ class AccessStack(cdk.Stack):
 
     @property
     def _kinds(self) -> tuple[str, ...]:
-        return tuple(self.config.endpoints)
+        # Every kind, listed in cdk.json or not: the names are fixed, an unlisted endpoint does not exist, and the
+        # policies (and the exports they import) stay the same when an endpoint is added or removed.
+        return ENDPOINT_KINDS
 
     def _endpoint_arns(self) -> list[str]:
         return [self._arn("sagemaker", "endpoint", self.config.endpoint_name(kind)) for kind in self._kinds]
@@ -191,7 +194,7 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="AcceptanceReports", actions=["s3:PutObject", "s3:GetObject"],
                                 resources=[self._bucket_objects(f"{ACCEPTANCE_PREFIX}{config.name}/")]),
         ]
-        others = sorted({image.repository.arn for kind in kinds
+        others = sorted({image.repository.arn for kind in config.endpoints
                          if (image := getattr(config.pins.images, kind)) is not None and image.repository is not None})
         if others:
             statements.append(iam.PolicyStatement(sid="CheckPinnedImagesElsewhere", actions=["ecr:DescribeImages"],

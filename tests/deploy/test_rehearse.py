@@ -1,6 +1,7 @@
 """make rehearse (deploy/rehearse.py) as part of make test: docs/deploy.md's path through the real CDK CLI against
 moto on loopback. It asserts every stack's status after each step, the cross-stack exports, the endpoints' images
-before and after a pin change, that the review role allows the diff's recorded calls, the acceptance report, the
+before and after a pin change, that the review role allows the diff's recorded calls and the deployer policy the
+calls the diff and deploy make with the caller's own credentials, the acceptance report, the
 alarms, which resource types moto skipped, prod's termination protection and the destroy. A few minutes."""
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def test_the_rehearsal_passes():
                for s in steps)
     # The review role allows every call the CLI made for the diff (moto's recording, evaluated by iam-simulate).
     assert any(s.startswith("  the diff's ") and "are allowed by decision-dev-cdk-diff" in s for s in steps)
+    # With the caller's own credentials the CLI only assumes bootstrap roles, which the deployer policy allows.
+    assert any(s.startswith("  cdk diff and deploy made ") and "sts:AssumeRole: cdk-hnb659fds-deploy-role-" in s
+               and s.endswith("all are allowed by decision-dev-deployer") for s in steps)
     # It ends with the acceptance report: every check proved or, on moto, unprovable with its reason; none failed.
     report = steps[steps.index("acceptance report (step 4; python -m endpoint_client acceptance -c env=dev --emulator "
                                "moto):") + 1:-1]
