@@ -337,15 +337,16 @@ class Rehearsal:
         requests = [r for recording in recordings
                     for r in caller_requests(recording, "rehearsal", stacks, ACCOUNT, REGION)]
         actions = sorted({r.action for r in requests})
-        check("sts:AssumeRole" in actions, f"the CLI assumed no bootstrap role with the caller's credentials: {actions}")
+        check("sts:AssumeRole" in actions,
+              f"the CLI assumed no bootstrap role with the caller's credentials: {actions}")
         verdicts = iam_simulation.evaluate(f"arn:aws:iam::{ACCOUNT}:user/deployer", ACCOUNT, requests,
                                            identity_policies=[document])
         denied = iam_simulation.denied(verdicts)
         check(not denied, f"{policy['PolicyName']} does not allow what cdk diff and deploy call with the caller's "
                           f"credentials:\n" + "\n".join(denied))
+        roles = sorted({r.resource.rsplit("/", 1)[1] for r in requests if r.action == "sts:AssumeRole"})
         self.log(f"  cdk diff and deploy made {len(requests)} calls with the caller's own credentials "
-                 f"({', '.join(actions)}: {', '.join(sorted({r.resource.rsplit('/', 1)[1] for r in requests if r.action == 'sts:AssumeRole'}))}); "
-                 f"all are allowed by {policy['PolicyName']}")
+                 f"({', '.join(actions)}: {', '.join(roles)}); all are allowed by {policy['PolicyName']}")
 
     def accept(self) -> list[str]:
         command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",

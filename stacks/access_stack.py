@@ -180,7 +180,7 @@ class AccessStack(cdk.Stack):
                 self._arn("logs", "log-group", f"/aws/sagemaker/Endpoints/{name}:*", colon=True)
                 for name in endpoints]),
             iam.PolicyStatement(sid="ReadAlarmSubscriptions", actions=["sns:ListSubscriptionsByTopic"],
-                                resources=[self.alarm_topic_arn]),
+                                resources=[self._alarm_topic.topic_arn]),
             # check-pins: the pinned images (and --protect's tag); preflight runs the same check.
             iam.PolicyStatement(sid="CheckAndProtectPinnedImages", actions=[
                 "ecr:DescribeImages", "ecr:BatchGetImage", "ecr:PutImage"],
@@ -213,18 +213,14 @@ class AccessStack(cdk.Stack):
             ]
         return statements
 
-    @property
-    def alarm_topic_arn(self) -> str:
-        return self._alarm_topic.topic_arn
-
     # --- the deployer ---------------------------------------------------------------------------------------------
 
     def _deployer_statements(self) -> list[iam.PolicyStatement]:
+        # The app uses the default synthesizer, so the bootstrap's default qualifier (cdk bootstrap without
+        # --qualifier); the CLI makes no other call with the caller's credentials (deploy/rehearse.py records them).
         qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
-        self.bootstrap_roles = [cdk.Fn.sub(template, {"Qualifier": qualifier})
-                                for template in BOOTSTRAP_ROLE_ARNS.values()]
-        return [iam.PolicyStatement(sid="AssumeCdkBootstrapRoles", actions=["sts:AssumeRole"],
-                                    resources=self.bootstrap_roles)]
+        return [iam.PolicyStatement(sid="AssumeCdkBootstrapRoles", actions=["sts:AssumeRole"], resources=[
+            cdk.Fn.sub(template, {"Qualifier": qualifier}) for template in BOOTSTRAP_ROLE_ARNS.values()])]
 
     def _acknowledge(self) -> None:
         """cdk-nag's IAM5 for each resource with a wildcard in the operator policy, with its statement's reason."""

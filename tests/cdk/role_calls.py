@@ -9,6 +9,10 @@
   every S3 operation it makes (:class:`BotocoreRecorder`); :func:`requests_of_operation` maps each to its action.
 - CodeBuild's own calls with the role (logs, the source asset) and SageMaker's with an execution role (model data,
   image pull, logs, metrics, rollback alarms) follow from the synthesized resources that configure them.
+- The operator commands and the invoke client (tests/cdk/test_cdk_access_policies.py) run against moto with every
+  boto3 session recorded (:func:`record_sessions`); :class:`ApiRequests` maps each operation of the services they
+  use to its action and resource, with the actions SageMaker authorizes with the caller's rights besides
+  (PassRole, CreateGrant, AddTags), and refuses an operation it has no mapping for.
 
 What the real tools do, where it is not one API operation: ``aws ecr get-login-password`` calls
 GetAuthorizationToken, ``aws ecr-public get-login-password`` also needs sts:GetServiceBearerToken, ``aws s3 cp FILE
@@ -335,8 +339,7 @@ class ApiRequests:
         self.config_keys = dict(config_keys or {})
 
     def arn(self, service: str, resource: str) -> str:
-        region = "" if service == "iam" else self.region
-        return f"arn:{self.partition}:{service}:{region}:{'' if service == 's3' else self.account}:{resource}"
+        return f"arn:{self.partition}:{service}:{self.region}:{self.account}:{resource}"
 
     def request(self, action: str, resource: str, source: str, context: dict[str, Any] | None = None) -> Request:
         tagged = {f"aws:ResourceTag/{k}": v for k, v in self.tags_of(resource).items()} if resource != "*" else {}

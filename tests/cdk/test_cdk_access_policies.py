@@ -147,6 +147,14 @@ class Environment:
                     cloudwatch.put_metric_alarm(**{k: alarm[k] for k in ALARM_PARAMETERS if k in alarm})
 
 
+    def remove_bucket(self, url: str) -> None:
+        """moto's backends are the process's, shared by every server on loopback: the bucket (S3 names are global)
+        goes, so that another test creating it finds none."""
+        s3 = boto3.resource("s3", region_name=REGION, endpoint_url=url).Bucket(self.bucket)
+        s3.objects.all().delete()
+        s3.delete()
+
+
 def _updated(**_):
     """UpdateEndpoint as SageMaker accepts it (moto implements none): the endpoint goes on InService on its
     configuration, as after a rollback."""
@@ -203,10 +211,13 @@ def recorded(environment, tmp_path_factory):
             "acceptance": lambda: acceptance.main([*common, "--emulator", "moto", "--wait", "0", "--rollback-drill",
                                                    "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]),
         }
-        for command, run in runs.items():
-            start = len(recorder.operations)
-            code = run()
-            found[command] = (code, recorder.operations[start:])
+        try:
+            for command, run in runs.items():
+                start = len(recorder.operations)
+                code = run()
+                found[command] = (code, recorder.operations[start:])
+        finally:
+            environment.remove_bucket(url)
     return found
 
 
