@@ -106,6 +106,19 @@ def review_requests(recording: str, stacks: dict[str, dict[str, Any]], account: 
     return requests, assumed
 
 
+def one_request_a_line(recording: str) -> str:
+    """moto's recording with one JSON request per line. Its server handles requests in threads and writes a
+    record and its newline separately, so calls made in parallel (the deploy's) can leave two records on a line."""
+    decoder, entries, position = json.JSONDecoder(), [], 0
+    while True:
+        while position < len(recording) and recording[position].isspace():
+            position += 1
+        if position == len(recording):
+            return "".join(json.dumps(entry) + "\n" for entry in entries)
+        entry, position = decoder.raw_decode(recording, position)
+        entries.append(entry)
+
+
 def caller_requests(recording: str, access_key: str, stacks: dict[str, dict[str, Any]], account: str, region: str
                     ) -> list[iam_simulation.Request]:
     """The IAM requests of the calls in a moto recording signed with ``access_key`` (the caller's own credentials,
@@ -304,7 +317,8 @@ class Rehearsal:
         method = "GET" if action == "download-recording" else "POST"
         with urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/recorder/{action}", method=method,
                                                            data=None if method == "GET" else b""), timeout=30) as r:
-            return r.read().decode()
+            text = r.read().decode()
+        return one_request_a_line(text) if action == "download-recording" else text
 
     def check_review_role(self, recording: str) -> None:
         """Every call the CLI made during the diff, as the deployed review role: allowed by that role's policies."""

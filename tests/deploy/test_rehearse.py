@@ -6,6 +6,7 @@ alarms, which resource types moto skipped, prod's termination protection and the
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,15 @@ def test_docs_deploy_lists_what_moto_lacks():
     section = deploy.split("\n## Deploy rehearsal (`make rehearse`)\n", 1)[1].split("\n## ", 1)[0]
     for resource_type, what in rehearse.MOTO_LACKS.items():
         assert f"| `{resource_type}` | {what} |" in section
+
+
+def test_a_recording_with_two_requests_on_a_line_is_read_as_two():
+    """moto's threaded server can write two records before their newlines (the deploy's parallel calls)."""
+    first = {"headers": {"Authorization": "AWS4-HMAC-SHA256 Credential=rehearsal/20270101/eu-west-1/sts/aws4_request"},
+             "body": "Action=AssumeRole&RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fcdk-x", "url": "/"}
+    second = {"headers": {}, "body": "{\"a\": \"}{\"}", "url": "/"}
+    lines = rehearse.one_request_a_line(json.dumps(first) + json.dumps(second) + "\n\n").splitlines()
+    assert [json.loads(line) for line in lines] == [first, second]
+    requests = rehearse.caller_requests("\n".join(lines), "rehearsal", {}, "123456789012", "eu-west-1")
+    assert [(r.action, r.resource) for r in requests] == [("sts:AssumeRole",
+                                                           "arn:aws:iam::123456789012:role/cdk-x")]
