@@ -4,9 +4,10 @@
 The only place that reads CDK context and the CLI's environment: it parses ``environments.<env>`` from cdk.json
 once into a frozen EnvironmentConfig (stacks/config.py), builds the stacks of that environment (by lifecycle:
 ``<name_prefix>-artifacts``, ``-build`` (not where ``artifacts_from`` names the environment whose builds it
-deploys), ``-monitoring``, ``-review`` (the pull-request diff role), and one ``-endpoint-<kind>`` per endpoint
-kind, from its spec in stacks/endpoint_specs.py) and applies cdk-nag's AwsSolutions checks, so that synthesis
-fails on any finding that is not acknowledged with a reason.
+deploys), ``-monitoring``, ``-review`` (the pull-request diff role), ``-access`` (the operator, deployer and
+invoker policies), and one ``-endpoint-<kind>`` per endpoint kind, from its spec in stacks/endpoint_specs.py)
+and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any finding that is not acknowledged with
+a reason.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
+from stacks.access_stack import AccessStack  # noqa: E402
 from stacks.artifacts_stack import ArtifactsStack  # noqa: E402
 from stacks.build_stack import BuildStack  # noqa: E402
 from stacks.config import ConfigError, EnvironmentConfig, load_environment  # noqa: E402
@@ -54,12 +56,15 @@ def build_app(*, context: Mapping[str, Any] | None = None, outdir: str | None = 
 
 
 def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
-    """The environment's stacks by key: artifacts, build, monitoring, review and endpoint-<slug> per endpoint kind."""
+    """The environment's stacks by key: artifacts, build, monitoring, review, access and endpoint-<slug> per endpoint
+    kind."""
     prefix = config.name_prefix
     common = {"env": cdk.Environment(account=config.account, region=config.region),
               "termination_protection": config.termination_protection}
-    cdk.Tags.of(app).add("project", "decision-models")
-    cdk.Tags.of(app).add("environment", config.name)
+    # Every resource carries them; the operator policy finds this environment's generated names by them.
+    resource_tags = {"project": "decision-models", "environment": config.name}
+    for key, value in resource_tags.items():
+        cdk.Tags.of(app).add(key, value)
 
     artifacts = ArtifactsStack(app, f"{prefix}-artifacts", config=config, **common,
                                description=f"{prefix}: artifact bucket and image repository")
@@ -72,8 +77,12 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
                                  description=f"{prefix}: alarm topic and dashboard of the endpoints")
     review = ReviewStack(app, config.review_stack_name, config=config, **common,
                          description=f"{prefix}: the read-only role of pull requests' cdk diff")
+    access = AccessStack(app, f"{prefix}-access", config=config, artifacts=artifacts,
+                         alarm_topic=monitoring.alarm_topic, resource_tags=resource_tags, **common,
+                         description=f"{prefix}: the managed policies of operators, deployers and invokers")
+    access.add_stack_dependency(artifacts)
     stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "monitoring": monitoring, "review": review,
-                                    **({} if build is None else {"build": build})}
+                                    "access": access, **({} if build is None else {"build": build})}
     for spec in specs:
         endpoint = EndpointStack(app, spec.stack_name, spec=spec, artifacts=artifacts,
                                  alarm_topic=monitoring.alarm_topic, name_prefix=prefix,

@@ -85,17 +85,18 @@ _ARN_FORMATS = {
     "AWS::SageMaker::Endpoint": "arn:{partition}:sagemaker:{region}:{account}:endpoint/{name}",
     "AWS::Lambda::Function": "arn:{partition}:lambda:{region}:{account}:function:{name}",
     "AWS::IAM::OIDCProvider": "arn:{partition}:iam::{account}:oidc-provider/{name}",
+    "AWS::IAM::ManagedPolicy": "arn:{partition}:iam::{account}:policy/{name}",
 }
 # Types whose Ref is their ARN rather than their name.
 _REF_IS_ARN = {"AWS::SNS::Topic", "AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig",
-               "AWS::SageMaker::Endpoint", "AWS::IAM::OIDCProvider"}
+               "AWS::SageMaker::Endpoint", "AWS::IAM::OIDCProvider", "AWS::IAM::ManagedPolicy"}
 # The property that names a resource, where a template may set it.
 _NAME_PROPERTIES = {
     "AWS::S3::Bucket": "BucketName", "AWS::ECR::Repository": "RepositoryName", "AWS::Logs::LogGroup": "LogGroupName",
     "AWS::IAM::Role": "RoleName", "AWS::CloudWatch::Alarm": "AlarmName", "AWS::SNS::Topic": "TopicName",
     "AWS::CodeBuild::Project": "Name", "AWS::SageMaker::Endpoint": "EndpointName",
     "AWS::SageMaker::Model": "ModelName", "AWS::SageMaker::EndpointConfig": "EndpointConfigName",
-    "AWS::Lambda::Function": "FunctionName",
+    "AWS::Lambda::Function": "FunctionName", "AWS::IAM::ManagedPolicy": "ManagedPolicyName",
 }
 # Names that AWS allows in lower case only.
 _LOWER_CASE = {"AWS::S3::Bucket", "AWS::ECR::Repository"}
@@ -218,6 +219,18 @@ class Deployment:
             if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role_logical_id} in resource["Properties"]["Roles"]:
                 documents.append(self.resolve(stack, resource["Properties"]["PolicyDocument"]))
         return documents
+
+    def managed_policy(self, stack: str, name: str) -> dict[str, Any]:
+        """The document of the customer-managed policy named ``name`` (ManagedPolicyName) in the stack."""
+        (document,) = [self.resolve(stack, resource["Properties"]["PolicyDocument"])
+                       for resource in self.resources_of_type(stack, "AWS::IAM::ManagedPolicy").values()
+                       if self.resolve(stack, resource["Properties"].get("ManagedPolicyName")) == name]
+        return document
+
+    def tags(self, stack: str, logical_id: str) -> dict[str, str]:
+        """A resource's tags as the template sets them (app.py's and its own)."""
+        tags = self.resolve(stack, self.resource(stack, logical_id).get("Properties", {}).get("Tags", []))
+        return {tag["Key"]: tag["Value"] for tag in tags}
 
     def trust_policy(self, stack: str, role_logical_id: str) -> dict[str, Any]:
         return self.resolve(stack, self.resource(stack, role_logical_id)["Properties"]["AssumeRolePolicyDocument"])

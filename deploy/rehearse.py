@@ -10,7 +10,9 @@ says localhost) and made-up credentials:
 3. a pin change (new image digests), ``npx cdk diff --method template`` showing it (its API calls recorded by moto
    and each evaluated against the review stack's role, deploy/iam_simulation.py: what a pull request's diff does
    with that role) and ``npx cdk deploy --all`` again: the endpoint stacks UPDATE_COMPLETE, each endpoint on a new
-   EndpointConfig with the new image, the endpoint names unchanged;
+   EndpointConfig with the new image, the endpoint names unchanged; the calls the diff and the deploy made with the
+   caller's own credentials (not a bootstrap role's) evaluated against the deployed deployer policy
+   (``<prefix>-deployer`` of the access stack);
 4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
    each one moto cannot show says why;
 5. prod from dev's artifacts (``artifacts_from: dev``): ``python -m endpoint_client promote --from dev --to prod
@@ -39,6 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import unquote
 
 import boto3
 
@@ -106,6 +109,34 @@ def review_requests(recording: str, stacks: dict[str, dict[str, Any]], account: 
             resource = "*"
         requests.append(iam_simulation.Request(f"{service}:{operation}", resource, source=source))
     return requests, assumed
+
+
+def one_request_a_line(recording: str) -> str:
+    """moto's recording with one JSON request per line. Its server handles requests in threads and writes a
+    record and its newline separately, so calls made in parallel (the deploy's) can leave two records on a line."""
+    decoder, entries, position = json.JSONDecoder(), [], 0
+    while True:
+        while position < len(recording) and recording[position].isspace():
+            position += 1
+        if position == len(recording):
+            return "".join(json.dumps(entry) + "\n" for entry in entries)
+        entry, position = decoder.raw_decode(recording, position)
+        entries.append(entry)
+
+
+def caller_requests(recording: str, access_key: str, stacks: dict[str, dict[str, Any]], account: str, region: str
+                    ) -> list[iam_simulation.Request]:
+    """The IAM requests of the calls in a moto recording signed with ``access_key`` (the caller's own credentials,
+    not those of a role the CLI assumed): what the deployer policy must allow. sts:AssumeRole is one of them; a call
+    with session tags would also need sts:TagSession."""
+    import re
+    own = "\n".join(line for line in recording.splitlines() if line and re.search(
+        rf"Credential={re.escape(access_key)}/", json.dumps(json.loads(line)["headers"])))
+    requests, assumed = review_requests(own, stacks, account, region)
+    tagged = [line for line in own.splitlines() if "AssumeRole" in line and "Tags.member" in line]
+    return requests + [iam_simulation.Request("sts:AssumeRole", role, source="cdk: sts AssumeRole")
+                       for role in sorted(assumed)] + \
+        [iam_simulation.Request("sts:TagSession", "*", source="cdk: sts AssumeRole with tags") for _ in tagged[:1]]
 
 
 class RehearsalFailed(AssertionError):
@@ -179,7 +210,7 @@ class Rehearsal:
     def stack_names(self, env: str) -> list[str]:
         """The environment's stacks: no build stack where it takes its artifacts from another (artifacts_from)."""
         environment = self.cdk_json()["context"]["environments"][env]
-        kinds = ("artifacts", "build", "monitoring", "review", "endpoint-cpu", "endpoint-gpu",
+        kinds = ("artifacts", "build", "monitoring", "review", "access", "endpoint-cpu", "endpoint-gpu",
                  "endpoint-text-generation")
         return [f"{environment['name_prefix']}-{kind}" for kind in kinds
                 if kind != "build" or not environment.get("artifacts_from")]
@@ -247,8 +278,13 @@ class Rehearsal:
         diff = self.cdk("diff", "-c", "env=dev", "--all", "--method", "template")
         self.recorder("stop-recording")
         check(image_digest("cpu", 2) in diff.stdout + diff.stderr, "the diff does not show the new cpu digest")
-        self.check_review_role(self.recorder("download-recording"))
+        diff_calls = self.recorder("download-recording")
+        self.check_review_role(diff_calls)
+        self.recorder("reset-recording")
+        self.recorder("start-recording")
         self.cdk("deploy", "-c", "env=dev", "--all", "--require-approval", "never")
+        self.recorder("stop-recording")
+        self.check_deployer_policy(diff_calls, self.recorder("download-recording"))
         # Digests dev serves but no acceptance proved: promote refuses them, and writes nothing.
         before = (self.checkout / "cdk.json").read_text()
         refused = self.promote(expect_failure=True)
@@ -312,7 +348,8 @@ class Rehearsal:
         method = "GET" if action == "download-recording" else "POST"
         with urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/recorder/{action}", method=method,
                                                            data=None if method == "GET" else b""), timeout=30) as r:
-            return r.read().decode()
+            text = r.read().decode()
+        return one_request_a_line(text) if action == "download-recording" else text
 
     def check_review_role(self, recording: str) -> None:
         """Every call the CLI made during the diff, as the deployed review role: allowed by that role's policies."""
@@ -343,6 +380,30 @@ class Rehearsal:
         check((done.returncode != 0) == expect_failure, f"promote exited {done.returncode}:\n{output[-4000:]}")
         self.log(f"  promote --from dev --to prod: exit {done.returncode}: {output.strip().splitlines()[-1]}")
         return output
+
+    def check_deployer_policy(self, *recordings: str) -> None:
+        """Every call the CLI made with the caller's own credentials during the diff and the deploy: allowed by the
+        deployed deployer policy (the bootstrap roles it assumed do the rest)."""
+        iam = self.client("iam")
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in self.stacks()["decision-dev-access"]["Outputs"]}
+        policy = iam.get_policy(PolicyArn=outputs["DeployerPolicyArn"])["Policy"]
+        document = iam.get_policy_version(PolicyArn=policy["Arn"], VersionId=policy["DefaultVersionId"])[
+            "PolicyVersion"]["Document"]
+        document = document if isinstance(document, dict) else json.loads(unquote(document))
+        stacks = self.stacks()
+        requests = [r for recording in recordings
+                    for r in caller_requests(recording, "rehearsal", stacks, ACCOUNT, REGION)]
+        actions = sorted({r.action for r in requests})
+        check("sts:AssumeRole" in actions,
+              f"the CLI assumed no bootstrap role with the caller's credentials: {actions}")
+        verdicts = iam_simulation.evaluate(f"arn:aws:iam::{ACCOUNT}:user/deployer", ACCOUNT, requests,
+                                           identity_policies=[document])
+        denied = iam_simulation.denied(verdicts)
+        check(not denied, f"{policy['PolicyName']} does not allow what cdk diff and deploy call with the caller's "
+                          f"credentials:\n" + "\n".join(denied))
+        roles = sorted({r.resource.rsplit("/", 1)[1] for r in requests if r.action == "sts:AssumeRole"})
+        self.log(f"  cdk diff and deploy made {len(requests)} calls with the caller's own credentials "
+                 f"({', '.join(actions)}: {', '.join(roles)}); all are allowed by {policy['PolicyName']}")
 
     def accept(self) -> list[str]:
         command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",

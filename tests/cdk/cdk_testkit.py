@@ -30,7 +30,7 @@ REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON = REPOSITORY_ROOT / "cdk.json"
 ENVIRONMENTS = ("dev", "prod")
 ENDPOINT_STACKS = {"cpu": "endpoint-cpu", "gpu": "endpoint-gpu", "text_generation": "endpoint-text-generation"}
-STACK_KINDS = ("artifacts", "build", "monitoring", "review", *ENDPOINT_STACKS.values())
+STACK_KINDS = ("artifacts", "build", "monitoring", "review", "access", *ENDPOINT_STACKS.values())
 
 TEST_PINS = test_pins.pins_for({"build": {"model_pin": "qwen3.5-4b"}})
 MODEL_SHA256 = TEST_PINS["model"]["gguf_sha256"]

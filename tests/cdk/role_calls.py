@@ -9,6 +9,10 @@
   every S3 operation it makes (:class:`BotocoreRecorder`); :func:`requests_of_operation` maps each to its action.
 - CodeBuild's own calls with the role (logs, the source asset) and SageMaker's with an execution role (model data,
   image pull, logs, metrics, rollback alarms) follow from the synthesized resources that configure them.
+- The operator commands and the invoke client (tests/cdk/test_cdk_access_policies.py) run against moto with every
+  boto3 session recorded (:func:`record_sessions`); :class:`ApiRequests` maps each operation of the services they
+  use to its action and resource, with the actions SageMaker authorizes with the caller's rights besides
+  (PassRole, CreateGrant, AddTags), and refuses an operation it has no mapping for.
 
 What the real tools do, where it is not one API operation: ``aws ecr get-login-password`` calls
 GetAuthorizationToken, ``aws ecr-public get-login-password`` also needs sts:GetServiceBearerToken, ``aws s3 cp FILE
@@ -287,3 +291,112 @@ def transform_requests(deployment: Deployment, bucket: str, plan_request: dict[s
               Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/TransformJobs"},
                       source=source)]
     return found
+
+
+# --- the operator's and the invoker's boto3 calls ----------------------------------------------------------------
+
+# botocore's service names whose IAM prefix differs.
+IAM_PREFIXES = {"sagemaker-runtime": "sagemaker", "service-quotas": "servicequotas"}
+# Operations that authorize no single resource (the Service Authorization Reference lists no resource type, or
+# a list call authorized on every resource of its type): their resource.
+UNSCOPED = {
+    ("sagemaker", "ListEndpoints"): "*", ("cloudwatch", "ListMetrics"): "*",
+    ("cloudwatch", "GetMetricStatistics"): "*", ("service-quotas", "ListServiceQuotas"): "*",
+    ("service-quotas", "ListAWSDefaultServiceQuotas"): "*",
+    ("application-autoscaling", "DescribeScalableTargets"): "*", ("logs", "DescribeLogGroups"): "*",
+}
+# SageMaker operations: (resource type, the parameter that names it). SageMaker's ARNs hold names in lower case.
+SAGEMAKER_RESOURCES = {
+    "DescribeEndpoint": ("endpoint", "EndpointName"), "UpdateEndpoint": ("endpoint", "EndpointName"),
+    "InvokeEndpoint": ("endpoint", "EndpointName"),
+    "DescribeEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+    "CreateEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+    "DeleteEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+    "DescribeModel": ("model", "ModelName"), "CreateModel": ("model", "ModelName"),
+    "DeleteModel": ("model", "ModelName"),
+    "CreateTransformJob": ("transform-job", "TransformJobName"),
+    "DescribeTransformJob": ("transform-job", "TransformJobName"),
+}
+
+
+class ApiRequests:
+    """The IAM requests of recorded boto3 operations, with what the services authorize besides the operation with
+    the caller's rights (SageMaker's documented dependent actions):
+
+    - CreateModel passes its ExecutionRoleArn to SageMaker: ``iam:PassRole`` with ``iam:PassedToService``;
+    - a Create* with Tags tags the new resource: ``sagemaker:AddTags`` on it;
+    - an EndpointConfig with a KmsKeyId: SageMaker creates a grant on that key with the caller's rights when the
+      config is created and when an endpoint is updated to it (``kms:CreateGrant`` through SageMaker, for an AWS
+      resource).
+
+    ``tags_of(arn)`` gives a resource's tags (``aws:ResourceTag/...``), ``config_keys`` the KmsKeyId of the
+    EndpointConfigs that exist before the calls (those created during them are added)."""
+
+    def __init__(self, *, account: str, region: str, partition: str = "aws",
+                 tags_of: Callable[[str], dict[str, str]] = lambda arn: {},
+                 config_keys: dict[str, str] | None = None):
+        self.account, self.region, self.partition, self.tags_of = account, region, partition, tags_of
+        self.config_keys = dict(config_keys or {})
+
+    def arn(self, service: str, resource: str) -> str:
+        return f"arn:{self.partition}:{service}:{self.region}:{self.account}:{resource}"
+
+    def request(self, action: str, resource: str, source: str, context: dict[str, Any] | None = None) -> Request:
+        tagged = {f"aws:ResourceTag/{k}": v for k, v in self.tags_of(resource).items()} if resource != "*" else {}
+        return Request(action, resource, {**tagged, **(context or {})}, source=source)
+
+    def of(self, operation: Operation) -> list[Request]:
+        service, name, params = operation.service, operation.name, operation.params
+        if service == "s3":
+            return requests_of_operation(operation, partition=self.partition)
+        source = f"boto3 {service}.{name}"
+        action = f"{IAM_PREFIXES.get(service, service)}:{name}"
+        if (service, name) in UNSCOPED:
+            return [Request(action, UNSCOPED[(service, name)], source=source)]
+        if service in ("sagemaker", "sagemaker-runtime") and name in SAGEMAKER_RESOURCES:
+            kind, parameter = SAGEMAKER_RESOURCES[name]
+            resource = self.arn("sagemaker", f"{kind}/{params[parameter].lower()}")
+            found = [self.request(action, resource, source)]
+            if name == "CreateModel":
+                found.append(Request("iam:PassRole", params["ExecutionRoleArn"],
+                                     {"iam:PassedToService": "sagemaker.amazonaws.com"}, source=source))
+            if name.startswith("Create") and params.get("Tags"):
+                found.append(Request("sagemaker:AddTags", resource, source=source))
+            if name == "CreateEndpointConfig" and params.get("KmsKeyId"):
+                self.config_keys[params["EndpointConfigName"]] = params["KmsKeyId"]
+            key = self.config_keys.get(params.get("EndpointConfigName", "")) \
+                if name in ("CreateEndpointConfig", "UpdateEndpoint") else None
+            if key:
+                found.append(self.request("kms:CreateGrant", key, source, {
+                    "kms:ViaService": f"sagemaker.{self.region}.amazonaws.com", "kms:GrantIsForAWSResource": "true"}))
+            return found
+        if service == "cloudwatch" and name in ("DescribeAlarms", "SetAlarmState", "DescribeAlarmHistory"):
+            names = params.get("AlarmNames") or ([params["AlarmName"]] if "AlarmName" in params else ["*"])
+            return [self.request(action, self.arn("cloudwatch", f"alarm:{n}"), source) for n in names]
+        if service == "logs" and name == "FilterLogEvents":
+            return [self.request(action, self.arn("logs", f"log-group:{params['logGroupName']}:*"), source)]
+        if service == "sns" and name == "ListSubscriptionsByTopic":
+            return [self.request(action, params["TopicArn"], source)]
+        if service == "cloudformation" and name == "DescribeStacks":
+            return [self.request(action, self.arn("cloudformation", f"stack/{params['StackName']}/"
+                                                                    f"00000000-0000-0000-0000-000000000000"), source)]
+        if service == "ecr" and "repositoryName" in params:
+            registry = params.get("registryId", self.account)
+            return [Request(action, f"arn:{self.partition}:ecr:{self.region}:{registry}:repository/"
+                                    f"{params['repositoryName']}", source=source)]
+        raise ValueError(f"{source}: no IAM mapping; add it to tests/cdk/role_calls.py (ApiRequests)")
+
+
+def record_sessions(monkeypatch, recorder: BotocoreRecorder, stubs: dict[str, Callable[..., Any]] | None = None
+                    ) -> None:
+    """Every boto3 session created from now on records its clients' operations; ``stubs`` (event name, e.g.
+    ``before-call.sagemaker.UpdateEndpoint``: handler) answer operations the emulator lacks, after recording."""
+    import boto3.session
+    original = boto3.session.Session.__init__
+
+    def recording_init(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        recorder.attach(self.events)
+        for event, handler in (stubs or {}).items():
+            self.events.register(event, handler, unique_id=f"role-calls-stub-{event}")
+    monkeypatch.setattr(boto3.session.Session, "__init__", recording_init)

@@ -83,9 +83,13 @@ def test_each_acknowledgment_covers_a_real_finding(monkeypatch, env):
             (rule, where)
 
 
+ENDPOINT_SLUGS = ("cpu", "gpu", "text-generation")
+
+
 def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
     """IAM5 for Resource::* (service-wide actions), the build and Batch Transform prefixes of the artifact bucket,
-    the transform jobs' log streams and the review role's read-only stacks and parameter; nothing else is waived."""
+    the transform jobs' log streams, the review role's read-only stacks and parameter, and the operator policy's
+    patterns (each with its reason in stacks/access_stack.py); nothing else is waived."""
     acknowledged = set()
     for metadata_file in pinned.outdir.glob("*.metadata.json"):
         for entries in json.loads(metadata_file.read_text()).values():
@@ -110,4 +114,19 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
         f"AwsSolutions-IAM5[Resource::{location('cloudformation')}:stack/{pinned.prefix}-*/*]",
         f"AwsSolutions-IAM5[Resource::{location('cloudformation')}:stack/CDKToolkit/*]",
         f"AwsSolutions-IAM5[Resource::{location('ssm')}:parameter/cdk-bootstrap/*]",
+        # The operator policy (stacks/access_stack.py): generated names found by this environment's tags, the
+        # names its commands make per run, one pattern per endpoint of this environment, and list calls.
+        f"AwsSolutions-IAM5[Resource::{location('sagemaker')}:model/*]",
+        f"AwsSolutions-IAM5[Resource::{location('sagemaker')}:endpoint/*]",
+        f"AwsSolutions-IAM5[Resource::{location('sagemaker')}:endpoint-config/*]",
+        f"AwsSolutions-IAM5[Resource::{location('kms')}:key/*]",
+        f"AwsSolutions-IAM5[Resource::{location('cloudwatch')}:alarm:*]",
+        f"AwsSolutions-IAM5[Resource::{location('sagemaker')}:transform-job/{pinned.prefix}-cpu-*]",
+        f"AwsSolutions-IAM5[Resource::{export}/acceptance/{pinned.env}/*]",
+        *(f"AwsSolutions-IAM5[Resource::{location('sagemaker')}:{kind}/{pinned.prefix}-{slug}-drill-*]"
+          for kind in ("model", "endpoint-config") for slug in ENDPOINT_SLUGS),
+        *(f"AwsSolutions-IAM5[Resource::{location('cloudwatch')}:alarm:{pinned.prefix}-{slug}-*]"
+          for slug in ENDPOINT_SLUGS),
+        *(f"AwsSolutions-IAM5[Resource::{location('logs')}:log-group:/aws/sagemaker/Endpoints/{pinned.prefix}-{slug}:*]"
+          for slug in ENDPOINT_SLUGS),
     }

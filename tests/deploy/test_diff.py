@@ -38,8 +38,9 @@ def test_a_change_shows_in_its_stack_and_nowhere_else(scratch_repo):
     text = out.getvalue()
     assert differing == 1, text
     sections = {chunk.split("\n", 1)[0]: chunk for chunk in text.split("Stack ")[1:]}
-    assert sorted(sections) == [f"decision-dev-{s}" for s in ("artifacts", "build", "endpoint-cpu", "endpoint-gpu",
-                                                              "endpoint-text-generation", "monitoring", "review")]
+    assert sorted(sections) == [f"decision-dev-{s}" for s in ("access", "artifacts", "build", "endpoint-cpu",
+                                                              "endpoint-gpu", "endpoint-text-generation", "monitoring",
+                                                              "review")]
     assert "pins unchanged" in text
     cpu = sections.pop("decision-dev-endpoint-cpu")
     assert "[~] AWS::ApplicationAutoScaling::ScalableTarget" in cpu and "MaxCapacity" in cpu

@@ -1,11 +1,13 @@
 """make rehearse (deploy/rehearse.py) as part of make test: docs/deploy.md's path through the real CDK CLI against
 moto on loopback. It asserts every stack's status after each step, the cross-stack exports, the endpoints' images
-before and after a pin change, that the review role allows the diff's recorded calls, the acceptance report, the
-alarms, which resource types moto skipped, prod deployed from dev's artifacts (no build stack, dev's digests and
-model archive), prod's termination protection and the destroy. A few minutes."""
+before and after a pin change, that the review role allows the diff's recorded calls and the deployer policy the
+calls the diff and deploy make with the caller's own credentials, the acceptance report, the alarms, which resource
+types moto skipped, promote refused before acceptance and prod deployed from dev's artifacts after it (no build
+stack, dev's digests and model archive), prod's termination protection and the destroy. A few minutes."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +35,9 @@ def test_the_rehearsal_passes():
                for s in steps)
     # The review role allows every call the CLI made for the diff (moto's recording, evaluated by iam-simulate).
     assert any(s.startswith("  the diff's ") and "are allowed by decision-dev-cdk-diff" in s for s in steps)
+    # With the caller's own credentials the CLI only assumes bootstrap roles, which the deployer policy allows.
+    assert any(s.startswith("  cdk diff and deploy made ") and "sts:AssumeRole: cdk-hnb659fds-deploy-role-" in s
+               and s.endswith("all are allowed by decision-dev-deployer") for s in steps)
     # It ends with the acceptance report: every check proved or, on moto, unprovable with its reason; none failed.
     report = steps[steps.index("acceptance report (step 4; python -m endpoint_client acceptance -c env=dev --emulator "
                                "moto):") + 1:-1]
@@ -51,3 +56,15 @@ def test_docs_deploy_lists_what_moto_lacks():
     section = deploy.split("\n## Deploy rehearsal (`make rehearse`)\n", 1)[1].split("\n## ", 1)[0]
     for resource_type, what in rehearse.MOTO_LACKS.items():
         assert f"| `{resource_type}` | {what} |" in section
+
+
+def test_a_recording_with_two_requests_on_a_line_is_read_as_two():
+    """moto's threaded server can write two records before their newlines (the deploy's parallel calls)."""
+    first = {"headers": {"Authorization": "AWS4-HMAC-SHA256 Credential=rehearsal/20270101/eu-west-1/sts/aws4_request"},
+             "body": "Action=AssumeRole&RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fcdk-x", "url": "/"}
+    second = {"headers": {}, "body": "{\"a\": \"}{\"}", "url": "/"}
+    lines = rehearse.one_request_a_line(json.dumps(first) + json.dumps(second) + "\n\n").splitlines()
+    assert [json.loads(line) for line in lines] == [first, second]
+    requests = rehearse.caller_requests("\n".join(lines), "rehearsal", {}, "123456789012", "eu-west-1")
+    assert [(r.action, r.resource) for r in requests] == [("sts:AssumeRole",
+                                                           "arn:aws:iam::123456789012:role/cdk-x")]
