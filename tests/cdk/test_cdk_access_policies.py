@@ -1,7 +1,8 @@
 """The access stack's managed policies allow exactly what the commands they are for call (stacks/access_stack.py).
 
-- operator: ``python -m endpoint_client check-pins --protect``, ``preflight``, ``transform`` and ``acceptance
-  --rollback-drill cpu`` run in this process against moto on loopback, populated with dev's synthesized stacks as a
+- operator: ``python -m endpoint_client check-pins --protect``, ``preflight``, ``transform``, ``acceptance
+  --rollback-drill cpu`` (which writes its report) and ``promote --from dev --to prod`` (which reads it) run in this
+  process against moto on loopback, populated with dev's synthesized stacks as a
   deployment names them (deploy/iam_simulation.Deployment: stack outputs, Models, EndpointConfigs with their volume
   keys and tags, endpoints, alarms, the alarm topic, the bucket and the repository with the pinned images). Every
   boto3 operation of every session is recorded with botocore's events (role_calls.BotocoreRecorder), turned into
@@ -54,7 +55,10 @@ EXPECTED_OPERATIONS = {
                   "DescribeTransformJob"},
     "acceptance": {"InvokeEndpoint", "FilterLogEvents", "GetMetricStatistics", "DescribeAlarms", "ListMetrics",
                    "ListSubscriptionsByTopic", "SetAlarmState", "DescribeAlarmHistory", "CreateModel",
-                   "CreateEndpointConfig", "UpdateEndpoint", "DeleteEndpointConfig", "DeleteModel"},
+                   "CreateEndpointConfig", "UpdateEndpoint", "DeleteEndpointConfig", "DeleteModel",
+                   "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "PutObject"},
+    # promote --from dev --to prod reads dev (prod's cdk.json pins are local): what it serves, its report.
+    "promote": {"DescribeStacks", "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "GetObject"},
 }
 
 
@@ -181,11 +185,13 @@ def environment():
 @pytest.fixture(scope="module")
 def recorded(environment, tmp_path_factory):
     """{command: [its boto3 operations]}, each command run once against the populated moto."""
-    from endpoint_client import acceptance, pins, preflight, transform
+    from endpoint_client import acceptance, pins, preflight, promote, transform
     checkout = tmp_path_factory.mktemp("checkout")
     context = copy.deepcopy(cdk_testkit.context_for("dev"))
     context.pop("env")
-    (checkout / "cdk.json").write_text(json.dumps({"context": context}))
+    # prod takes dev's artifacts (cdk.json ships it so) and is located where dev is, as promote's target must be.
+    context["environments"]["prod"].update(account=MOTO_ACCOUNT, region=REGION)
+    (checkout / "cdk.json").write_text(json.dumps({"context": context}, indent=2) + "\n")
     (checkout / "model_build").mkdir()
     shutil.copy(REPOSITORY_ROOT / "model_build" / "pins.json", checkout / "model_build" / "pins.json")
     (checkout / "examples").symlink_to(REPOSITORY_ROOT / "examples")
@@ -210,6 +216,9 @@ def recorded(environment, tmp_path_factory):
                                                  "--poll-interval", "0"]),
             "acceptance": lambda: acceptance.main([*common, "--emulator", "moto", "--wait", "0", "--rollback-drill",
                                                    "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]),
+            # After acceptance: its report is what promote reads.
+            "promote": lambda: promote.main(["--from", "dev", "--to", "prod", "--cdk-json", str(checkout / "cdk.json"),
+                                             "--endpoint-url", url, "--region", REGION, "--emulator", "moto"]),
         }
         try:
             for command, run in runs.items():
@@ -223,13 +232,7 @@ def recorded(environment, tmp_path_factory):
 
 def operator_requests(environment: Environment, recorded) -> list[Request]:
     api = environment.api_requests()
-    requests = [r for _, operations in recorded.values() for op in operations for r in api.of(op)]
-    # acceptance's report (issue 33, convention 4: the promote work makes acceptance write it; promote reads it).
-    report = f"arn:aws:s3:::{environment.bucket}/acceptance/{environment.synth.env}"
-    requests += [Request("s3:PutObject", f"{report}/20270101T000000Z.json", source="acceptance report"),
-                 Request("s3:PutObject", f"{report}/latest.json", source="acceptance report"),
-                 Request("s3:GetObject", f"{report}/latest.json", source="promote: the latest report")]
-    return requests
+    return [r for _, operations in recorded.values() for op in operations for r in api.of(op)]
 
 
 def verdicts(policy: dict, requests: list[Request], key_policies: dict[str, dict] | None = None):
@@ -268,7 +271,7 @@ def test_each_command_ran_to_its_end(recorded):
         missing = expected - {op.name for op in operations}
         assert not missing, f"{command} (exit {code}) never called {sorted(missing)}"
     assert {command: code for command, (code, _) in recorded.items()} == {
-        "check-pins --protect": 0, "preflight": 0, "transform": 0, "acceptance": 0}
+        "check-pins --protect": 0, "preflight": 0, "transform": 0, "acceptance": 0, "promote": 0}
 
 
 def test_every_call_of_the_operator_commands_is_allowed_by_the_operator_policy(environment, recorded):
