@@ -21,7 +21,9 @@ says localhost) and made-up credentials:
    ``npx cdk deploy -c env=prod --all``: no build
    stack, every other stack CREATE_COMPLETE and protected, each endpoint InService on a Model naming dev's image
    digest and model data URL; then ``npx cdk destroy`` of prod's monitoring stack refused by its termination
-   protection;
+   protection; and prod's copy in a second account (``prod-elsewhere``, credentials of a role assumed there):
+   ``npx cdk bootstrap`` and ``deploy`` in that account, promote pinning it, its Models naming dev's digests and
+   archive, dev's repository and bucket policies naming exactly its execution roles under its account;
 6. ``npx cdk destroy -c env=dev --all``: every dev stack gone, and their exports.
 
 It ends with the acceptance report of step 4.
@@ -51,6 +53,10 @@ from deploy.pins import image_digest, pinned_cdk_json
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 CLI = REPOSITORY_ROOT / "node_modules" / ".bin" / "cdk"
 ACCOUNT = "123456789012"        # moto's account: what STS answers for any credentials
+# A second account, for a prod in another account than dev's: credentials of a role assumed there (moto serves each
+# account apart and makes no role exist first, docs: "Multi-Account support").
+OTHER_ACCOUNT = "210987654321"
+OTHER_PROD = "prod-elsewhere"   # a copy of prod in OTHER_ACCOUNT, taking dev's artifacts as prod does
 REGION = "eu-west-1"
 APP_FILES = ("app.py", "stacks", "container", "model_build", "endpoint_client", "examples", "package.json")
 # Resource types of the stacks that moto's CloudFormation records but does not create (docs/deploy.md lists them).
@@ -176,13 +182,31 @@ class Rehearsal:
                 link.symlink_to(REPOSITORY_ROOT / name)
         cdk_json = pinned_cdk_json(json.loads((REPOSITORY_ROOT / "cdk.json").read_text()), generation=generation,
                                    account=ACCOUNT, region=REGION, one_account=True)
+        environments = cdk_json["context"]["environments"]
+        # prod again, in another account: dev's artifacts stack lets its execution roles pull across accounts. It is
+        # the first environment of its account, so it creates what an account has once; promote pins it.
+        elsewhere = json.loads(json.dumps(environments["prod"]))
+        elsewhere.update(account=OTHER_ACCOUNT, name_prefix="decision-prod-x", create_transform_log_group=None,
+                         pins={"images": {kind: None for kind in environments["prod"]["pins"]["images"]},
+                               "model": None})
+        elsewhere["review"] = {**elsewhere["review"], "create_oidc_provider": None}
+        environments[OTHER_PROD] = elsewhere
         (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
 
-    def cdk(self, *args: str, expect_failure: bool = False) -> subprocess.CompletedProcess:
+    def other_account(self) -> dict[str, str]:
+        """The CLI's environment with credentials of a role assumed in OTHER_ACCOUNT."""
+        credentials = self.client("sts").assume_role(RoleArn=f"arn:aws:iam::{OTHER_ACCOUNT}:role/rehearsal-deployer",
+                                                     RoleSessionName="rehearsal")["Credentials"]
+        return {**self.environment(), "AWS_ACCESS_KEY_ID": credentials["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": credentials["SecretAccessKey"],
+                "AWS_SESSION_TOKEN": credentials["SessionToken"]}
+
+    def cdk(self, *args: str, expect_failure: bool = False,
+            environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         command = [str(CLI), *args, "--app", f"{sys.executable} app.py", "--no-notices"]
         started = time.monotonic()
-        done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
-                              timeout=900)
+        done = subprocess.run(command, cwd=self.checkout, env=environment or self.environment(), capture_output=True,
+                              text=True, timeout=900)
         self.log(f"  npx cdk {' '.join(args)}: exit {done.returncode} in {time.monotonic() - started:.0f} s")
         if (done.returncode != 0) != expect_failure:
             raise RehearsalFailed(f"npx cdk {' '.join(args)} exited {done.returncode}:\n"
@@ -329,6 +353,9 @@ class Rehearsal:
               f"destroy failed for another reason:\n{(refused.stdout + refused.stderr)[-3000:]}")
         check(self.stacks().get(protected, {}).get("StackStatus") == "CREATE_COMPLETE", f"{protected} is gone")
 
+        self.log(f"5b. prod in another account ({OTHER_ACCOUNT}) from dev's artifacts: bootstrap there, promote, deploy")
+        self.deploy_elsewhere(endpoints)
+
         self.log("6. destroy dev --all")
         self.cdk("destroy", "-c", "env=dev", "--all", "--force")
         remaining = [name for name in dev if name in self.stacks()]
@@ -339,6 +366,53 @@ class Rehearsal:
         self.log("acceptance report (step 4; python -m endpoint_client acceptance -c env=dev --emulator moto):")
         for line in self.acceptance:
             self.log(f"  {line}")
+
+    def deploy_elsewhere(self, endpoints: dict[str, str]) -> None:
+        """prod's copy in OTHER_ACCOUNT: bootstrapped and deployed with that account's credentials, pinned by promote
+        (which reads dev); its Models name dev's image digests (dev's registry) and dev's archive, and dev's
+        repository and bucket policies name exactly its execution roles, under its account's principal."""
+        elsewhere = self.other_account()
+        self.cdk("bootstrap", f"aws://{OTHER_ACCOUNT}/{REGION}", "-c", f"env={OTHER_PROD}", environment=elsewhere)
+        self.promote(OTHER_PROD)
+        self.cdk("deploy", "-c", f"env={OTHER_PROD}", "--all", "--require-approval", "never", environment=elsewhere)
+        session = boto3.session.Session(aws_access_key_id=elsewhere["AWS_ACCESS_KEY_ID"],
+                                        aws_secret_access_key=elsewhere["AWS_SECRET_ACCESS_KEY"],
+                                        aws_session_token=elsewhere["AWS_SESSION_TOKEN"], region_name=REGION)
+        cloudformation, sagemaker = (session.client(s, endpoint_url=self.url) for s in ("cloudformation", "sagemaker"))
+        theirs = {s["StackName"]: s for page in cloudformation.get_paginator("describe_stacks").paginate()
+                  for s in page["Stacks"]}
+        names = self.stack_names(OTHER_PROD)
+        check("decision-prod-x-build" not in names, f"{OTHER_PROD} has a build stack")
+        for name in names:
+            check(theirs.get(name, {}).get("StackStatus") == "CREATE_COMPLETE",
+                  f"{name} in {OTHER_ACCOUNT}: {theirs.get(name, {}).get('StackStatus', 'missing')}")
+            check(name not in self.stacks(), f"{name} is in dev's account too")
+        for kind, endpoint_name in endpoints.items():
+            _, dev_container = self.endpoint_container(endpoint_name)
+            elsewhere_endpoint = endpoint_name.replace("decision-dev-", "decision-prod-x-")
+            _, container = endpoint_container(sagemaker, elsewhere_endpoint)
+            for key in ("Image", "ModelDataUrl"):
+                check(container[key] == dev_container[key],
+                      f"{elsewhere_endpoint}'s Model has {key} {container[key]}, dev's {dev_container[key]}")
+        roles = sorted(f"arn:aws:iam::{OTHER_ACCOUNT}:role/decision-prod-x-{kind.replace('_', '-')}-execution"
+                       for kind in endpoints)
+        # moto's CloudFormation applies neither an ECR repository's policy nor AWS::S3::BucketPolicy (it records
+        # them): read both from dev's deployed artifacts template instead.
+        template = self.client("cloudformation").get_template(StackName="decision-dev-artifacts")["TemplateBody"]
+        template = template if isinstance(template, dict) else json.loads(template)
+        policies = {what: [template_value(r["Properties"][key]) for r in template["Resources"].values()
+                           if r["Type"] == kind]
+                    for what, kind, key in (("repository", "AWS::ECR::Repository", "RepositoryPolicyText"),
+                                            ("bucket", "AWS::S3::BucketPolicy", "PolicyDocument"))}
+        for what, found in policies.items():  # the bucket's: the artifact bucket's and its access-log bucket's
+            granted = [statement for policy in found for statement in policy["Statement"]
+                       if statement.get("Principal", {}).get("AWS") == f"arn:aws:iam::{OTHER_ACCOUNT}:root"]
+            check(len(granted) == 1, f"dev's {what} policy has {len(granted)} statements for {OTHER_ACCOUNT}")
+            named = granted[0]["Condition"]["ArnEquals"]["aws:PrincipalArn"]
+            check(sorted([named] if isinstance(named, str) else named) == roles,
+                  f"dev's {what} policy names {named} for {OTHER_ACCOUNT}, not {roles}")
+        self.log(f"  {OTHER_PROD}'s {len(endpoints)} endpoints in {OTHER_ACCOUNT} run dev's image digests and model "
+                 f"archive; dev's repository and bucket policies name exactly its {len(roles)} execution roles")
 
     # --- the review role and the acceptance command -------------------------------------------------------------
 
@@ -369,16 +443,16 @@ class Rehearsal:
                  + (f"; it also tried sts:AssumeRole on {', '.join(sorted(assumed))}, which that role may not"
                     if assumed else ""))
 
-    def promote(self, *, expect_failure: bool = False) -> str:
-        """``python -m endpoint_client promote --from dev --to prod --emulator moto`` on the checkout's cdk.json: its
-        output (the pins it wrote, or why it refused)."""
-        command = [sys.executable, "-m", "endpoint_client", "promote", "--from", "dev", "--to", "prod",
+    def promote(self, target: str = "prod", *, expect_failure: bool = False) -> str:
+        """``python -m endpoint_client promote --from dev --to <target> --emulator moto`` on the checkout's cdk.json:
+        its output (the pins it wrote, or why it refused)."""
+        command = [sys.executable, "-m", "endpoint_client", "promote", "--from", "dev", "--to", target,
                    "--emulator", "moto", "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json")]
         done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
                               timeout=300)
         output = done.stdout + done.stderr
         check((done.returncode != 0) == expect_failure, f"promote exited {done.returncode}:\n{output[-4000:]}")
-        self.log(f"  promote --from dev --to prod: exit {done.returncode}: {output.strip().splitlines()[-1]}")
+        self.log(f"  promote --from dev --to {target}: exit {done.returncode}: {output.strip().splitlines()[-1]}")
         return output
 
     def check_deployer_policy(self, *recordings: str) -> None:
@@ -418,6 +492,24 @@ class Rehearsal:
               f"acceptance reported {sorted(states)}:\n{done.stdout[-4000:]}")
         self.log(f"  {lines[-1]}")
         return lines
+
+
+def template_value(value: Any) -> Any:
+    """A template value with the pseudo parameters of dev's account resolved (Ref AWS::Partition, AWS::AccountId,
+    Fn::Join); other intrinsics are left as they are."""
+    if isinstance(value, list):
+        return [template_value(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if value.keys() == {"Ref"} and value["Ref"] in ("AWS::Partition", "AWS::AccountId"):
+        return {"AWS::Partition": "aws", "AWS::AccountId": ACCOUNT}[value["Ref"]]
+    if value.keys() == {"Fn::Join"}:
+        separator, parts = value["Fn::Join"]
+        parts = template_value(parts)
+        if all(isinstance(part, str) for part in parts):
+            return separator.join(parts)
+        return {"Fn::Join": [separator, parts]}
+    return {key: template_value(item) for key, item in value.items()}
 
 
 def endpoint_container(sagemaker: Any, endpoint_name: str) -> tuple[str, dict[str, Any]]:

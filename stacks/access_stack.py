@@ -185,8 +185,6 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="CheckAndProtectPinnedImages", actions=[
                 "ecr:DescribeImages", "ecr:BatchGetImage", "ecr:PutImage"],
                 resources=[self.artifacts.repository.repository_arn]),
-            iam.PolicyStatement(sid="CheckModelArchives", actions=["s3:GetObject"],
-                                resources=[self._bucket_objects(MODEL_PREFIX)]),
             iam.PolicyStatement(sid="Preflight", actions=[
                 "servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas",
                 "application-autoscaling:DescribeScalableTargets"], resources=["*"]),
@@ -194,6 +192,10 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="AcceptanceReports", actions=["s3:PutObject", "s3:GetObject"],
                                 resources=[self._bucket_objects(f"{ACCEPTANCE_PREFIX}{config.name}/")]),
         ]
+        archives = self._model_archives()
+        if archives:
+            statements.insert(1, iam.PolicyStatement(sid="CheckModelArchives", actions=["s3:GetObject"],
+                                                     resources=archives))
         others = sorted({image.repository.arn for kind in config.endpoints
                          if (image := getattr(config.pins.images, kind)) is not None and image.repository is not None})
         if others:
@@ -212,6 +214,17 @@ class AccessStack(cdk.Stack):
                                     resources=["*"]),
             ]
         return statements
+
+    def _model_archives(self) -> list[str]:
+        """What check-pins reads of the model archive: the builds' prefix of this environment's bucket; or, where
+        the environment deploys another's builds (artifacts_from), the pinned archive in that bucket, once pinned."""
+        model = self.config.pins.model
+        if model is not None and model.bucket is not None:
+            return [cdk.Arn.format(cdk.ArnComponents(service="s3", resource=model.bucket, resource_name=model.s3_key,
+                                                     region="", account=""), self)]
+        if self.config.artifacts_from is not None:
+            return []
+        return [self._bucket_objects(MODEL_PREFIX)]
 
     # --- the deployer ---------------------------------------------------------------------------------------------
 
