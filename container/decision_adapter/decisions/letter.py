@@ -42,15 +42,14 @@ import jinja2
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..engine.errors import PlanError
 from ..engine.readout import LabelTrie, common_prefix, softmax
 from ..errors import InputError
 from .combine import Defaults, Readouts, Scored
-from .debias import MODES, OFF, DebiasMode, content_free, floored
+from .debias import MODES, OFF, DebiasMode, floored
 from .decision_file import DecisionFile
 from .literals import literal_pattern
-from .prepare import (Limits, Prepared, PriorJob, Question, Tokenizer, _Budget, cut_inside, orderings,
-                      tokenized_in_pieces)
+from .prepare import (Limits, Prepared, PriorJob, Question, Tokenizer, _Budget, cut_inside, orderings, planned,
+                      scored_priors, tokenized_in_pieces)
 from .prompt import ModelIncompatible, TemplateError
 
 LEV_RATINGS = 9  # lev reads noul from a rating scale: A = certainly no .. I = certainly yes
@@ -455,7 +454,7 @@ class LetterPreparer:
         spec = self.engine.job_spec(tokens, tries)
         budget = _Budget(self.limits.max_request_tokens, where)
         budget.add(spec.state_end - spec.head + sum(len(p) - spec.state_end for p in tokens))
-        plan = self._plan(where, spec)
+        plan = planned(self.engine, where, spec)
         priors, no_prior = self._priors(questions, modes, orders, owners, tries, where, budget)
         return Prepared(tuple(questions), tuple(tokens), budget.tokens, (spec.head, spec.state_end), tuple(tries),
                         tuple(orders), tuple(owners), tuple(digests), spec, plan, tuple(modes),
@@ -518,13 +517,9 @@ class LetterPreparer:
         instructions) replaced. A state prior of a state that carries no content is not scored (``no_prior``).
         Their tokens count against the request's budget as if nothing were cached."""
         members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
-        no_prior: set[int] = set()
-        for i, (q, mode) in enumerate(zip(questions, modes)):
-            if not mode.active:
-                continue
-            if mode.question is None and content_free(q.state):
-                no_prior.add(i)
-                continue
+        scored, no_prior = scored_priors(questions, modes)
+        for i in scored:
+            q, mode = questions[i], modes[i]
             source = q.source
             assert source is not None
             by_index = {e.index: e for e in shown_options(self.rules, q)}
@@ -539,14 +534,9 @@ class LetterPreparer:
         for (text, question_text), rows in members.items():
             spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows])
             budget.add(spec.state_end - spec.head + sum(len(prompt) - spec.state_end for _, prompt in rows))
-            priors.append(PriorJob(text, tuple(k for k, _ in rows), spec, self._plan(where, spec), question_text))
+            priors.append(PriorJob(text, tuple(k for k, _ in rows), spec, planned(self.engine, where, spec), question_text))
         return priors, no_prior
 
-    def _plan(self, where: Any, spec: Any) -> Any:
-        try:
-            return self.engine.plan(spec)
-        except PlanError as exc:
-            raise InputError(where, str(exc), kind="value_error.request_too_large") from None
 
     def _bound(self, q: Question, text: str) -> None:
         at_least = self.tokenizer.fewest_tokens(text)

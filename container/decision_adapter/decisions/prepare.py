@@ -67,6 +67,29 @@ def tokenized_in_pieces(tokenizer: Tokenizer, text: str, cuts: Sequence[int], *,
     return [token for a, b in zip(bounds, bounds[1:]) for token in tokenizer.tokenize(text[a:b], special=special)]
 
 
+def scored_priors(questions: Sequence[Question], modes: Sequence[DebiasMode]) -> tuple[list[int], set[int]]:
+    """Which questions get a prior scored (their mode has one), and which of those with a state prior do not: their
+    state carries no content (``debias.content_free``), so the prior's prompt would be (nearly) their own
+    (``Prepared.no_prior``). Every readout's preparer selects its priors' questions here."""
+    scored, no_prior = [], set()
+    for i, (q, mode) in enumerate(zip(questions, modes)):
+        if not mode.active:
+            continue
+        if mode.question is None and content_free(q.state):
+            no_prior.add(i)
+        else:
+            scored.append(i)
+    return scored, no_prior
+
+
+def planned(engine: Any, where: Loc, spec: JobSpec) -> Plan:
+    """The engine's plan of a job; a job no plan can hold is the request's 4xx (``request_too_large``) at ``where``."""
+    try:
+        return engine.plan(spec)
+    except PlanError as exc:
+        raise InputError(where, str(exc), kind="value_error.request_too_large") from None
+
+
 def orderings(keys: Sequence[str], k: int) -> list[tuple[int, ...]]:
     """The orderings a question is scored in, as option indices: the request's order for k = 1; for k >= 2 the
     canonical order (by key, then by position) and k evenly spaced cyclic shifts of it, so that the orderings,
@@ -298,13 +321,9 @@ class Preparer:
         of each prompt's stem (its question, shared by its orderings); a label prior's is its replacement's."""
         head, tail = self.head_tokens, self.tail_tokens
         members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
-        no_prior: set[int] = set()
-        for i, (q, mode) in enumerate(zip(questions, modes)):
-            if not mode.active:
-                continue
-            if mode.question is None and content_free(q.state):
-                no_prior.add(i)
-                continue
+        scored, no_prior = scored_priors(questions, modes)
+        for i in scored:
+            q, mode = questions[i], modes[i]
             mine = [k for k, owner in enumerate(owners) if owner == i]
             if mode.question is None:  # a state prior: the question's own tokens after the state
                 own = {k: tokens[k][span[1]:] for k in mine}
@@ -342,10 +361,7 @@ class Preparer:
         return text_tokens(self.tokenizer, self.user_defined, text)
 
     def _plan(self, where: Loc, spec: JobSpec) -> Plan:
-        try:
-            return self.engine.plan(spec)
-        except PlanError as exc:
-            raise InputError(where, str(exc), kind="value_error.request_too_large") from None
+        return planned(self.engine, where, spec)
 
     def _bound(self, loc: Loc, text: str, room: int) -> None:
         """Refuse ``text`` without tokenizing it when its bytes alone prove it longer than ``room`` tokens."""
