@@ -36,6 +36,11 @@ class CommandError(Exception):
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--context", action="append", default=[], metavar="KEY=VALUE",
                         help="as for npx cdk; env=NAME chooses the cdk.json environment (required)")
+    add_aws_arguments(parser)
+
+
+def add_aws_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where cdk.json is and how AWS is reached: every command's, whichever environments it names."""
     parser.add_argument("--cdk-json", type=Path, default=Path("cdk.json"),
                         help="the CDK app's cdk.json (default ./cdk.json; model_build/pins.json beside it)")
     parser.add_argument("--region", help="AWS region (default: the environment's in cdk.json, else the AWS "

@@ -37,8 +37,8 @@ from pydantic import ValidationError
 
 from endpoint_client import acceptance_report
 from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
-                                        SERVING, Served, aws_for, environment_of, error_code, served_by,
-                                        stack_outputs)
+                                        SERVING, Served, add_aws_arguments, aws_for, environment_of, error_code,
+                                        served_by, stack_outputs)
 from stacks.config import ENDPOINT_KINDS, EnvironmentConfig, ImagePins, ModelPin
 
 
@@ -209,11 +209,7 @@ def main(argv: Sequence[str]) -> int:
                         "serves and accepted the artifacts, e.g. dev")
     parser.add_argument("--to", dest="target", required=True, metavar="ENV",
                         help="the environment to pin them in, e.g. prod (its artifacts_from must name --from)")
-    parser.add_argument("--cdk-json", type=Path, default=Path("cdk.json"),
-                        help="the CDK app's cdk.json (default ./cdk.json; model_build/pins.json beside it)")
-    parser.add_argument("--region", help="the source's AWS region (default: its region in cdk.json, else the AWS "
-                                         "configuration's)")
-    parser.add_argument("--endpoint-url", help="another endpoint for every AWS API (tests)")
+    add_aws_arguments(parser)  # --region: the source's (it reads only the source)
     parser.add_argument("--emulator", choices=["moto"], help="promote on this emulator, from a report that "
                                                               "acceptance --emulator made there (the deploy rehearsal)")
     args = parser.parse_args(argv)
