@@ -49,6 +49,7 @@ import boto3
 
 from deploy import emulator, iam_simulation
 from deploy.pins import image_digest, pinned_cdk_json
+from stacks.config import execution_role_name
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 CLI = REPOSITORY_ROOT / "node_modules" / ".bin" / "cdk"
@@ -57,6 +58,7 @@ ACCOUNT = "123456789012"        # moto's account: what STS answers for any crede
 # account apart and makes no role exist first, docs: "Multi-Account support").
 OTHER_ACCOUNT = "210987654321"
 OTHER_PROD = "prod-elsewhere"   # a copy of prod in OTHER_ACCOUNT, taking dev's artifacts as prod does
+OTHER_PREFIX = "decision-prod-x"
 REGION = "eu-west-1"
 APP_FILES = ("app.py", "stacks", "container", "model_build", "endpoint_client", "examples", "package.json")
 # Resource types of the stacks that moto's CloudFormation records but does not create (docs/deploy.md lists them).
@@ -162,6 +164,7 @@ class Rehearsal:
         self.session = boto3.session.Session(aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal",
                                              region_name=REGION)
         self.acceptance: list[str] = []
+        self.dev: iam_simulation.Deployment | None = None  # dev's assembly as last deployed (step 3)
 
     # --- setting up -------------------------------------------------------------------------------------------
 
@@ -186,7 +189,7 @@ class Rehearsal:
         # prod again, in another account: dev's artifacts stack lets its execution roles pull across accounts. It is
         # the first environment of its account, so it creates what an account has once; promote pins it.
         elsewhere = json.loads(json.dumps(environments["prod"]))
-        elsewhere.update(account=OTHER_ACCOUNT, name_prefix="decision-prod-x", create_transform_log_group=None,
+        elsewhere.update(account=OTHER_ACCOUNT, name_prefix=OTHER_PREFIX, create_transform_log_group=None,
                          pins={"images": {kind: None for kind in environments["prod"]["pins"]["images"]},
                                "model": None})
         elsewhere["review"] = {**elsewhere["review"], "create_oidc_provider": None}
@@ -309,6 +312,8 @@ class Rehearsal:
         self.cdk("deploy", "-c", "env=dev", "--all", "--require-approval", "never")
         self.recorder("stop-recording")
         self.check_deployer_policy(diff_calls, self.recorder("download-recording"))
+        # dev's templates as deployed now (the assembly is rewritten by the next synth): step 5b reads them.
+        self.dev = iam_simulation.Deployment(self.checkout / "cdk.out", ACCOUNT, REGION)
         # Digests dev serves but no acceptance proved: promote refuses them, and writes nothing.
         before = (self.checkout / "cdk.json").read_text()
         refused = self.promote(expect_failure=True)
@@ -382,26 +387,29 @@ class Rehearsal:
         theirs = {s["StackName"]: s for page in cloudformation.get_paginator("describe_stacks").paginate()
                   for s in page["Stacks"]}
         names = self.stack_names(OTHER_PROD)
-        check("decision-prod-x-build" not in names, f"{OTHER_PROD} has a build stack")
+        check(f"{OTHER_PREFIX}-build" not in names, f"{OTHER_PROD} has a build stack")
         for name in names:
             check(theirs.get(name, {}).get("StackStatus") == "CREATE_COMPLETE",
                   f"{name} in {OTHER_ACCOUNT}: {theirs.get(name, {}).get('StackStatus', 'missing')}")
             check(name not in self.stacks(), f"{name} is in dev's account too")
         for kind, endpoint_name in endpoints.items():
             _, dev_container = self.endpoint_container(endpoint_name)
-            elsewhere_endpoint = endpoint_name.replace("decision-dev-", "decision-prod-x-")
+            elsewhere_endpoint = endpoint_name.replace("decision-dev-", f"{OTHER_PREFIX}-")
             _, container = endpoint_container(sagemaker, elsewhere_endpoint)
             for key in ("Image", "ModelDataUrl"):
                 check(container[key] == dev_container[key],
                       f"{elsewhere_endpoint}'s Model has {key} {container[key]}, dev's {dev_container[key]}")
-        roles = sorted(f"arn:aws:iam::{OTHER_ACCOUNT}:role/decision-prod-x-{kind.replace('_', '-')}-execution"
+        roles = sorted(f"arn:aws:iam::{OTHER_ACCOUNT}:role/{execution_role_name(OTHER_PREFIX, kind)}"
                        for kind in endpoints)
         # moto's CloudFormation applies neither an ECR repository's policy nor AWS::S3::BucketPolicy (it records
-        # them): read both from dev's deployed artifacts template instead.
-        template = self.client("cloudformation").get_template(StackName="decision-dev-artifacts")["TemplateBody"]
-        template = template if isinstance(template, dict) else json.loads(template)
-        policies = {what: [template_value(r["Properties"][key]) for r in template["Resources"].values()
-                           if r["Type"] == kind]
+        # them): read both from dev's deployed artifacts template instead, resolved as a deployment resolves it.
+        artifacts = "decision-dev-artifacts"
+        assert self.dev is not None, "step 3 deploys dev first"
+        deployed = self.client("cloudformation").get_template(StackName=artifacts)["TemplateBody"]
+        check((deployed if isinstance(deployed, dict) else json.loads(deployed)) == self.dev.templates[artifacts],
+              f"{artifacts} as deployed is not the template dev's last deploy synthesized")
+        policies = {what: [self.dev.resolve(artifacts, r["Properties"][key])
+                           for r in self.dev.resources_of_type(artifacts, kind).values()]
                     for what, kind, key in (("repository", "AWS::ECR::Repository", "RepositoryPolicyText"),
                                             ("bucket", "AWS::S3::BucketPolicy", "PolicyDocument"))}
         for what, found in policies.items():  # the bucket's: the artifact bucket's and its access-log bucket's
@@ -492,24 +500,6 @@ class Rehearsal:
               f"acceptance reported {sorted(states)}:\n{done.stdout[-4000:]}")
         self.log(f"  {lines[-1]}")
         return lines
-
-
-def template_value(value: Any) -> Any:
-    """A template value with the pseudo parameters of dev's account resolved (Ref AWS::Partition, AWS::AccountId,
-    Fn::Join); other intrinsics are left as they are."""
-    if isinstance(value, list):
-        return [template_value(item) for item in value]
-    if not isinstance(value, dict):
-        return value
-    if value.keys() == {"Ref"} and value["Ref"] in ("AWS::Partition", "AWS::AccountId"):
-        return {"AWS::Partition": "aws", "AWS::AccountId": ACCOUNT}[value["Ref"]]
-    if value.keys() == {"Fn::Join"}:
-        separator, parts = value["Fn::Join"]
-        parts = template_value(parts)
-        if all(isinstance(part, str) for part in parts):
-            return separator.join(parts)
-        return {"Fn::Join": [separator, parts]}
-    return {key: template_value(item) for key, item in value.items()}
 
 
 def endpoint_container(sagemaker: Any, endpoint_name: str) -> tuple[str, dict[str, Any]]:

@@ -515,6 +515,12 @@ class BootstrapSettings(_Settings):
     kms_key_arn: Text(_KMS_KEY_ARN, "a KMS key ARN (arn:aws:kms:<region>:<account>:key/<key id>)") | None = None
 
 
+def execution_role_name(name_prefix: str, kind: str) -> str:
+    """The fixed name of an environment's endpoint execution role: what its endpoint stack names the role, its
+    operator policy passes and its artifact source's repository and bucket policies admit."""
+    return f"{name_prefix}-{kind.replace('_', '-')}-execution"
+
+
 class ArtifactSource(_Settings):
     """The environment named by ``artifacts_from``, as far as its consumer needs it (read by load_environment)."""
     name: str
@@ -535,8 +541,7 @@ class ArtifactConsumer(_Settings):
     endpoint_kinds: tuple[str, ...]
 
     def execution_role_name(self, kind: str) -> str:
-        # As EnvironmentConfig.execution_role_name names the role of that environment's endpoint stack.
-        return f"{self.name_prefix}-{kind.replace('_', '-')}-execution"
+        return execution_role_name(self.name_prefix, kind)
 
     @property
     def execution_role_names(self) -> tuple[str, ...]:
@@ -692,7 +697,7 @@ class EnvironmentConfig(_Settings):
         return f"{self.name_prefix}-endpoint-{kind.replace('_', '-')}"
 
     def execution_role_name(self, kind: str) -> str:
-        return f"{self.name_prefix}-{kind.replace('_', '-')}-execution"
+        return execution_role_name(self.name_prefix, kind)
 
     @property
     def review_stack_name(self) -> str:

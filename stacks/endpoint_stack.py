@@ -73,10 +73,8 @@ class EndpointStack(cdk.Stack):
         model = spec.model
         # The pinned archive exactly: in this environment's bucket, or in the artifact source's that the pin names
         # (whose bucket policy allows this role: stacks/artifacts_stack.py).
-        archive = artifacts.bucket_objects_arn(model.s3_key) if model.bucket is None else \
-            f"arn:{cdk.Aws.PARTITION}:s3:::{model.bucket}/{model.s3_key}"
         role.add_to_policy(iam.PolicyStatement(
-            sid="ReadPinnedModelArchive", actions=["s3:GetObject"], resources=[archive]))
+            sid="ReadPinnedModelArchive", actions=["s3:GetObject"], resources=[artifacts.archive_arn(model, self)]))
         # The instances' CPU, GPU, memory and disk metrics; PutMetricData has no resource-level permissions.
         namespaces = [INSTANCE_NAMESPACE] + ([TRANSFORM_INSTANCE_NAMESPACE] if spec.serves_batch_transform else [])
         role.add_to_policy(iam.PolicyStatement(
