@@ -49,6 +49,7 @@ import boto3
 
 from deploy import emulator, iam_simulation
 from deploy.pins import image_digest, pinned_cdk_json
+from endpoint_client.deployment import SERVING, Served, served_by
 from stacks.config import execution_role_name
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -244,12 +245,11 @@ class Rehearsal:
 
     def endpoint_images(self, endpoint_name: str) -> tuple[str, str]:
         """(EndpointConfig name, the image of its model) of a deployed endpoint."""
-        config_name, container = self.endpoint_container(endpoint_name)
-        return config_name, container["Image"]
+        served = self.serving(endpoint_name)
+        return served.endpoint_config_name, served.image
 
-    def endpoint_container(self, endpoint_name: str) -> tuple[str, dict[str, Any]]:
-        """(EndpointConfig name, its model's PrimaryContainer) of a deployed endpoint, which must be InService."""
-        return endpoint_container(self.client("sagemaker"), endpoint_name)
+    def serving(self, endpoint_name: str) -> Served:
+        return serving(self.client("sagemaker"), endpoint_name)
 
     def check_skipped_resource_types(self, stack_names: list[str]) -> None:
         """The resources moto did not create are exactly of the types docs/deploy.md lists as missing from moto."""
@@ -343,14 +343,14 @@ class Rehearsal:
             check(stack.get("StackStatus") == "CREATE_COMPLETE", f"{name}: {stack.get('StackStatus', 'missing')}")
             check(stack.get("EnableTerminationProtection") is True, f"{name} is not protected")
         for kind, endpoint_name in endpoints.items():
-            _, dev_container = self.endpoint_container(endpoint_name)
+            dev_served = self.serving(endpoint_name)
             prod_endpoint = endpoint_name.replace("decision-dev-", "decision-prod-")
-            _, prod_container = self.endpoint_container(prod_endpoint)
-            for key in ("Image", "ModelDataUrl"):
-                check(prod_container[key] == dev_container[key],
-                      f"{prod_endpoint}'s Model has {key} {prod_container[key]}, dev's {dev_container[key]}")
-            check(prod_container["Image"].endswith("@" + image_digest(kind, 2)), f"{prod_endpoint} runs "
-                  f"{prod_container['Image']}, not dev's accepted digest")
+            prod_served = self.serving(prod_endpoint)
+            for key in ("image", "model_data_url"):
+                check(getattr(prod_served, key) == getattr(dev_served, key), f"{prod_endpoint}'s Model has {key} "
+                      f"{getattr(prod_served, key)}, dev's {getattr(dev_served, key)}")
+            check(prod_served.image.endswith("@" + image_digest(kind, 2)), f"{prod_endpoint} runs "
+                  f"{prod_served.image}, not dev's accepted digest")
         self.log(f"  prod's {len(endpoints)} endpoints run dev's image digests and model archive; no prod build stack")
         protected = "decision-prod-monitoring"
         refused = self.cdk("destroy", "-c", "env=prod", protected, "--exclusively", "--force", expect_failure=True)
@@ -393,12 +393,12 @@ class Rehearsal:
                   f"{name} in {OTHER_ACCOUNT}: {theirs.get(name, {}).get('StackStatus', 'missing')}")
             check(name not in self.stacks(), f"{name} is in dev's account too")
         for kind, endpoint_name in endpoints.items():
-            _, dev_container = self.endpoint_container(endpoint_name)
+            dev_served = self.serving(endpoint_name)
             elsewhere_endpoint = endpoint_name.replace("decision-dev-", f"{OTHER_PREFIX}-")
-            _, container = endpoint_container(sagemaker, elsewhere_endpoint)
-            for key in ("Image", "ModelDataUrl"):
-                check(container[key] == dev_container[key],
-                      f"{elsewhere_endpoint}'s Model has {key} {container[key]}, dev's {dev_container[key]}")
+            served = serving(sagemaker, elsewhere_endpoint)
+            for key in ("image", "model_data_url"):
+                check(getattr(served, key) == getattr(dev_served, key), f"{elsewhere_endpoint}'s Model has {key} "
+                      f"{getattr(served, key)}, dev's {getattr(dev_served, key)}")
         roles = sorted(f"arn:aws:iam::{OTHER_ACCOUNT}:role/{execution_role_name(OTHER_PREFIX, kind)}"
                        for kind in endpoints)
         # moto's CloudFormation applies neither an ECR repository's policy nor AWS::S3::BucketPolicy (it records
@@ -502,13 +502,12 @@ class Rehearsal:
         return lines
 
 
-def endpoint_container(sagemaker: Any, endpoint_name: str) -> tuple[str, dict[str, Any]]:
-    """(EndpointConfig name, its model's PrimaryContainer) of a deployed endpoint, which must be InService."""
-    endpoint = sagemaker.describe_endpoint(EndpointName=endpoint_name)
-    check(endpoint["EndpointStatus"] == "InService", f"{endpoint_name} is {endpoint['EndpointStatus']}")
-    config = sagemaker.describe_endpoint_config(EndpointConfigName=endpoint["EndpointConfigName"])
-    (variant,) = config["ProductionVariants"]
-    return endpoint["EndpointConfigName"], sagemaker.describe_model(ModelName=variant["ModelName"])["PrimaryContainer"]
+def serving(sagemaker: Any, endpoint_name: str) -> Served:
+    """What a deployed endpoint serves (its Model's image and archive, as promote reads it), which must be
+    InService."""
+    served = served_by(sagemaker, endpoint_name)
+    check(served.status == SERVING, f"{endpoint_name} is {served.status}")
+    return served
 
 
 def rehearse(log: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
