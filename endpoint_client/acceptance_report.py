@@ -26,17 +26,15 @@ from typing import Any, Mapping, Sequence
 from botocore.exceptions import ClientError
 
 from endpoint_client.deployment import Served, error_code
-from stacks.config import EnvironmentConfig
-
-PREFIX = "acceptance/"
+from stacks.config import ACCEPTANCE_PREFIX, EnvironmentConfig
 
 
 def latest_key(environment: str) -> str:
-    return f"{PREFIX}{environment}/latest.json"
+    return f"{ACCEPTANCE_PREFIX}{environment}/latest.json"
 
 
 def run_key(environment: str, finished_at: datetime) -> str:
-    return f"{PREFIX}{environment}/{finished_at.strftime('%Y%m%dT%H%M%SZ')}.json"
+    return f"{ACCEPTANCE_PREFIX}{environment}/{finished_at.strftime('%Y%m%dT%H%M%SZ')}.json"
 
 
 def build(config: EnvironmentConfig, *, region: str | None, emulator: str | None, started_at: datetime,

@@ -2,8 +2,9 @@
 attach to work with this environment, and nothing else.
 
 - ``<prefix>-operator``: what ``python -m endpoint_client acceptance`` (with ``--rollback-drill``), ``transform``,
-  ``preflight`` and ``check-pins --protect`` call, on this environment's stacks, endpoints, alarms, logs, artifact
-  bucket and repository, plus the acceptance reports under ``acceptance/<environment>/`` of the artifact bucket;
+  ``preflight``, ``check-pins --protect`` and ``promote`` (from this environment) call, on this environment's
+  stacks, endpoints, alarms, logs, artifact bucket and repository, plus the acceptance reports under
+  ``acceptance/<environment>/`` of the artifact bucket;
 - ``<prefix>-deployer``: what ``npx cdk deploy`` / ``diff`` do with the caller's own credentials: assume the CDK
   bootstrap roles of this account and region (deploy, file and image publishing, lookup), which do the rest;
 - ``<prefix>-invoker``: ``sagemaker:InvokeEndpoint`` on this environment's endpoints (fixed names,
@@ -30,11 +31,9 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.artifacts_stack import ArtifactsStack
-from stacks.config import (BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, ENDPOINT_KINDS, MODEL_PREFIX, TRANSFORM_KINDS,
-                           EnvironmentConfig)
+from stacks.config import (ACCEPTANCE_PREFIX, BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, ENDPOINT_KINDS, MODEL_PREFIX,
+                           TRANSFORM_KINDS, EnvironmentConfig)
 
-# Where `acceptance` records its report in the artifact bucket (issue 33's convention 4), per environment.
-ACCEPTANCE_PREFIX = "acceptance/"
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
 # The roles `cdk deploy`/`diff` assume with the caller's credentials (modern bootstrap), as the CLI names them.
 BOOTSTRAP_ROLE_ARNS = {
@@ -90,7 +89,7 @@ class AccessStack(cdk.Stack):
 
         self.operator = iam.ManagedPolicy(
             self, "OperatorPolicy", managed_policy_name=f"{prefix}-operator", statements=self._operator_statements(),
-            description=f"{prefix}: python -m endpoint_client acceptance, transform, preflight and check-pins")
+            description=f"{prefix}: python -m endpoint_client acceptance, transform, preflight, check-pins and promote")
         self.deployer = iam.ManagedPolicy(
             self, "DeployerPolicy", managed_policy_name=f"{prefix}-deployer", statements=self._deployer_statements(),
             description=f"{prefix}: npx cdk deploy and diff through the CDK bootstrap roles")

@@ -30,6 +30,9 @@ from stacks import instance_types
 MODEL_PREFIX = "models/"
 # Where the image builds record pushed digests (container/buildspec.yml DIGEST_PREFIX).
 IMAGE_DIGEST_PREFIX = "image-digests/"
+# Where python -m endpoint_client acceptance writes its reports (acceptance/<environment>/...), which promote reads
+# and the operator policy allows (stacks/access_stack.py).
+ACCEPTANCE_PREFIX = "acceptance/"
 # Batch Transform (python -m endpoint_client transform) reads and writes under these prefixes of the artifact
 # bucket with the model's execution role, and logs to SageMaker's one group for transform jobs.
 BATCH_INPUT_PREFIX = "batch/input/"
