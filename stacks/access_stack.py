@@ -219,7 +219,7 @@ class AccessStack(cdk.Stack):
         the environment deploys another's builds (artifacts_from), the pinned archive in that bucket, once pinned."""
         model = self.config.pins.model
         if model is not None and model.bucket is not None:
-            return [self.artifacts.archive_arn(model, self)]
+            return [self.artifacts.archive_arn(model)]
         if self.config.artifacts_from is not None:
             return []
         return [self._bucket_objects(MODEL_PREFIX)]

@@ -176,13 +176,12 @@ class ArtifactsStack(cdk.Stack):
         """ARN of the artifact-bucket objects matching key_pattern, for IAM statements in another stack."""
         return cdk.Fn.join("", [cdk.Fn.import_value(self.bucket_arn_export_name), "/", key_pattern])
 
-    def archive_arn(self, model: ModelPin, scope: Construct) -> str:
-        """The pinned model archive's object ARN, for a statement in ``scope``'s stack: in this bucket, or in the
-        bucket the pin names (an artifact source's, artifacts_from)."""
+    def archive_arn(self, model: ModelPin) -> str:
+        """The pinned model archive's object ARN, for a statement in another stack: in this bucket, or in the bucket
+        the pin names (an artifact source's, artifacts_from)."""
         if model.bucket is None:
             return self.bucket_objects_arn(model.s3_key)
-        return cdk.Stack.of(scope).format_arn(service="s3", resource=model.bucket, resource_name=model.s3_key,
-                                              region="", account="")
+        return f"arn:{cdk.Aws.PARTITION}:s3:::{model.bucket}/{model.s3_key}"
 
     def bucket_objects_finding(self, key_pattern: str) -> str:
         """The cdk-nag IAM5 finding id that bucket_objects_arn(key_pattern) raises when it has a wildcard."""

@@ -74,7 +74,7 @@ class EndpointStack(cdk.Stack):
         # The pinned archive exactly: in this environment's bucket, or in the artifact source's that the pin names
         # (whose bucket policy allows this role: stacks/artifacts_stack.py).
         role.add_to_policy(iam.PolicyStatement(
-            sid="ReadPinnedModelArchive", actions=["s3:GetObject"], resources=[artifacts.archive_arn(model, self)]))
+            sid="ReadPinnedModelArchive", actions=["s3:GetObject"], resources=[artifacts.archive_arn(model)]))
         # The instances' CPU, GPU, memory and disk metrics; PutMetricData has no resource-level permissions.
         namespaces = [INSTANCE_NAMESPACE] + ([TRANSFORM_INSTANCE_NAMESPACE] if spec.serves_batch_transform else [])
         role.add_to_policy(iam.PolicyStatement(
