@@ -16,11 +16,14 @@ For a model folder and a task set (default: the public JevBench tasks):
    orderings K = 2 and 4 have in common, the priors of a question asked again) comes from the cache: seconds
    here mean nothing, section 3 times them.
 3. **Cost**: the tokens each pair makes the model decode per decision, for every task of the section, from the
-   plans (deterministic); and (``--cost-per-tier N``) the first N tasks of each tier timed three ways: with the
-   cache emptied (a new state and a new question: the prior is scored too), then with the state and the answer
-   dropped but the prior kept (a new state, a question asked before: the routing and policy case), then with the
-   answer alone dropped (the state seen before too). The defaults are chosen by the rule in ``choose``, on the
-   tokens: seconds on a shared machine move between runs, the tokens do not.
+   plans (deterministic); and (``--cost-per-tier N``) the first N tasks of each tier timed three ways, before any
+   other scoring and with the cache emptied after: with the cache emptied (a new state and a new question: the
+   prior is scored too), then with the state and the answer dropped but the prior kept (a new state, a question
+   asked before: the routing and policy case), then with the answer alone dropped (the state seen before too).
+   ``--cost FILE`` takes these timings from an earlier run's cost.json or accuracy.json instead (``--cost-only``
+   writes one). The defaults are chosen by the rule in ``benchmarks.priors.choose``: accuracy first, within a
+   median latency on a new state with a new question at most 1.3x the served defaults'; without timings no
+   default is chosen.
 4. **Calibration**: temperatures fitted per question type on the first style's answers (K = 1, options as
    given, no debiasing) with group-disjoint cross-validation; ECE and Brier before and after, out of fold, with a
    reliability plot for each.
@@ -286,9 +289,11 @@ def _short(b: dict[str, Any]) -> str:
 def cost_markdown(result: dict[str, Any]) -> list[str]:
     cost = result["cost"]
     tasks = next(iter(cost.values()))["tasks"]
-    lines = ["", f"Cost per decision ({tasks} tasks, the first {result['cost_per_tier']} of each tier; prepare and "
-             f"score in-process; medians over the tasks, and the per-task median ratio to off at K = 1 in the same "
-             f"condition; seconds from a machine shared with other work):", "",
+    source = (f"timed by `{result['cost_from']['command']}`" if result.get("cost_from", {}).get("command")
+              else "timed in this run")
+    lines = ["", f"Cost per decision ({tasks} tasks, the first {result['cost_per_tier']} of each tier, {source}; "
+             f"prepare and score in-process; medians over the tasks, and the per-task median ratio to off at K = 1 "
+             f"in the same condition; seconds from a machine shared with other work):", "",
              "| debias | K | new state, new question: tokens / s (x) | new state, prior cached: tokens / s (x) | "
              "state and prior cached: tokens / s (x) |", "|---|---:|---:|---:|---:|"]
 
@@ -318,8 +323,11 @@ def tokens_markdown(result: dict[str, Any]) -> list[str]:
     if chosen:
         what = (f"debias {chosen['mode']}, K = {chosen['k']}" if chosen["mode"] == "off" else
                 f"debias {chosen['mode']}, strength {chosen['strength']:g}, floor {chosen['floor']:g}, K = {chosen['k']}")
-        lines += ["", f"Chosen by the rule ({chosen['rule']}; {chosen['passing']} of {chosen['allowed']} "
-                      f"configurations within the cost limit qualify): **{what}**."]
+        bound = chosen["latency"]
+        lines += ["", f"Chosen by the rule ({chosen['rule']}; the bound {bound['limit_seconds']:.2f} s, "
+                      f"{bound['reference']} taking {bound['reference_seconds']:.2f} s; {chosen['passing']} of "
+                      f"{chosen['allowed']} configurations within the bound qualify): **{what}**"
+                      + (f", {bound['chosen_seconds']:.2f} s." if bound["chosen_seconds"] is not None else ".")]
         lines += goals_markdown(result)
     return lines
 
@@ -406,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "prompt: the debias section is evaluated from it, nothing scored")
     parser.add_argument("--cost-per-tier", type=int, default=0, metavar="N",
                         help="time each debias mode and K on the first N tasks of each tier (0: skip)")
+    parser.add_argument("--cost", type=Path, metavar="FILE",
+                        help="the timings of an earlier run (its cost.json or accuracy.json) instead of timing again")
     parser.add_argument("--cost-only", action="store_true",
                         help="only section 3, the cost (with --cost-per-tier N, --orders and --debias): cost.json")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false")
@@ -429,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
                               "order_tiers": args.order_tiers, "cost_per_tier": args.cost_per_tier, "styles": {}}
     if args.cost_only:
         return cost_only(base, tasks, args, argv, result)
+    if args.cost:
+        earlier = json.loads(args.cost.read_text())
+        if not earlier.get("cost"):
+            raise SystemExit(f"--cost {args.cost}: no cost section (write one with --cost-only --cost-per-tier N)")
+        result["cost"], result["cost_per_tier"] = earlier["cost"], earlier["cost_per_tier"]
+        result["cost_from"] = {"file": str(args.cost), "command": earlier.get("command")}
     with Provenance("benchmarks.accuracy", argv) as provenance:
         first_scored = None
         section = [t for t in tasks if t.tier in args.order_tiers]
@@ -439,14 +455,24 @@ def main(argv: list[str] | None = None) -> int:
             provenance.kernels_of(model.model_info)
             try:
                 swept = i == 0 and bool(args.orders and args.debias)
+                if swept and args.cost_per_tier and not args.cost:
+                    # Timed first, on an engine nothing else has warmed; the cache is emptied after, so that what
+                    # the timing decoded is not what the readouts below reuse.
+                    result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
+                                                  [m for m in args.debias if m in MODES_SERVED])
+                    model.engine.cache.clear()
                 if swept:
                     raw = json.loads(gzip.decompress(args.raw.read_bytes())) if args.raw else None
                     raw, results = debias_section(model, section, args.orders, args.debias, args.strengths,
                                                   args.floors, raw)
                     (args.out / "raw.json.gz").write_bytes(gzip.compress(json.dumps(raw).encode(), mtime=0))
                     result["tokens"] = token_section(model, section, args.orders, args.debias)
-                    result["chosen"] = priors.choose(results, result["tokens"])
-                    names = table_rows(results, result["chosen"]["pair"], args.orders)
+                    if result.get("cost"):
+                        result["chosen"] = priors.choose(results, result["tokens"], result["cost"])
+                    else:
+                        print("no default chosen: the rule weighs latency, and nothing was timed (--cost-per-tier "
+                              "N or --cost FILE)", flush=True)
+                    names = table_rows(results, result.get("chosen", {}).get("pair"), args.orders)
                     for name in names:  # the rows shown also get the out-of-fold calibrations
                         b = results[name]
                         config = priors.Config(b["mode"], b["strength"], b["floor"], b["k"])
@@ -460,9 +486,10 @@ def main(argv: list[str] | None = None) -> int:
                             b["families_if_off_on_content_free_states"] = {
                                 f: round(x["accuracy"] * x["n"]) for f, x in families.items()}
                     result["debias"], result["debias_table"] = results, names
-                    result["rule_out_of_fold"] = priors.rule_out_of_fold(
-                        raw, section, priors.grid(args.debias, args.strengths, args.floors, args.orders),
-                        result["tokens"])
+                    if result.get("chosen"):
+                        result["rule_out_of_fold"] = priors.rule_out_of_fold(
+                            raw, section, priors.grid(args.debias, args.strengths, args.floors, args.orders),
+                            result["tokens"], result["cost"])
                     if any(t.family == "favourite" for t in section) and "label" in args.debias:
                         result["favourite_check"] = priors.favourite_check(raw, section)
                 if swept and section == tasks and 1 in args.orders and "off" in args.debias:
@@ -477,9 +504,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"style {style}: accuracy {result['styles'][style]['overall']['accuracy']:.3f}", flush=True)
                 if i == 0:
                     first_scored = scored
-                    if args.orders and args.debias and args.cost_per_tier:
-                        result["cost"] = cost_section(model, first_per_tier(tasks, args.cost_per_tier), args.orders,
-                                                      [m for m in args.debias if m in MODES_SERVED])
             finally:
                 model.close()
         if args.calibration and first_scored:

@@ -91,11 +91,24 @@ def block(right_by_family: dict[str, int], n: int = 10, mode: str = "label", k: 
             "noul_true_rate": 0.5, "noul_true_expected": 0.5}
 
 
-TOKENS = {"off K=1": {"ratio_p50_prior_warm": 1.0, "ratio_p50_cold": 1.0},
-          "label K=1": {"ratio_p50_prior_warm": 1.0, "ratio_p50_cold": 1.6},
-          "empty K=1": {"ratio_p50_prior_warm": 1.0, "ratio_p50_cold": 1.8},
-          "label K=4": {"ratio_p50_prior_warm": 2.2, "ratio_p50_cold": 3.5}}
+TOKENS = {"off K=1": {"ratio_p50_cold": 1.0}, "off K=2": {"ratio_p50_cold": 1.5},
+          "label K=1": {"ratio_p50_cold": 1.6}, "empty K=1": {"ratio_p50_cold": 1.8},
+          "empty K=2": {"ratio_p50_cold": 2.4}, "label K=4": {"ratio_p50_cold": 3.5}}
+# Seconds on a new state with a new question; the served defaults (empty K=1) take 1.0 s, so the bound is 1.3 s.
+SECONDS = {"off K=1": {"seconds_p50_cold": 0.5}, "off K=2": {"seconds_p50_cold": 0.8},
+           "label K=1": {"seconds_p50_cold": 0.9}, "empty K=1": {"seconds_p50_cold": 1.0},
+           "empty K=2": {"seconds_p50_cold": 1.3}, "label K=4": {"seconds_p50_cold": 1.9}}
 QB = priors.QUESTION_BORNE
+
+
+def test_the_latency_bound_is_weighed_against_the_served_defaults():
+    from decision_adapter.decisions.debias import DEFAULT_MODE
+    from decision_adapter.settings import Settings
+
+    assert priors.reference() == f"{DEFAULT_MODE} K={Settings().permutations}"
+    assert priors.latency_bound(SECONDS) == pytest.approx(priors.LATENCY_LIMIT * 1.0)
+    with pytest.raises(ValueError, match="served defaults"):
+        priors.latency_bound({k: v for k, v in SECONDS.items() if k != priors.reference()})
 
 
 @pytest.mark.parametrize("candidate, qualifies", [
@@ -106,19 +119,40 @@ QB = priors.QUESTION_BORNE
 ])
 def test_the_rule_takes_a_mode_only_when_it_is_never_worse_than_off(candidate, qualifies):
     results = {"off K=1": block({"a/x": 5, "a/y": 6, QB: 5}, mode="off"), "label a=1 f=0 K=1": block(candidate)}
-    chosen = priors.choose(results, TOKENS)
+    chosen = priors.choose(results, TOKENS, SECONDS)
     assert chosen["pair"] == ("label a=1 f=0 K=1" if qualifies else "off K=1")
 
 
-def test_the_rule_keeps_to_the_cost_limit_and_to_served_modes_and_prefers_the_cheaper_within_one_task():
+@pytest.mark.parametrize("seconds_k2, chosen", [
+    (1.3, "empty a=0.75 f=0.25 K=2"),   # at the bound: the more accurate K = 2
+    (1.31, "empty a=0.75 f=0.25 K=1"),  # over it by a hair
+    (None, "empty a=0.75 f=0.25 K=1"),  # never timed: cannot be chosen
+])
+def test_the_rule_takes_the_most_accurate_within_the_latency_bound(seconds_k2, chosen):
+    results = {"off K=1": block({"a/x": 5, "a/y": 6, QB: 5}, mode="off"),
+               "empty a=0.75 f=0.25 K=1": block({"a/x": 7, "a/y": 6, QB: 5}, mode="empty"),
+               "empty a=0.75 f=0.25 K=2": block({"a/x": 9, "a/y": 8, QB: 6}, mode="empty", k=2)}
+    for name in ("empty a=0.75 f=0.25 K=1", "empty a=0.75 f=0.25 K=2"):
+        results[name].update(strength=0.75, floor=0.25)
+    seconds = {**SECONDS, "empty K=2": {"seconds_p50_cold": seconds_k2}}
+    got = priors.choose(results, TOKENS, seconds)
+    assert got["pair"] == chosen
+    assert got["latency"]["limit_seconds"] == pytest.approx(1.3)
+    assert got["latency"]["chosen_seconds"] == seconds[f"empty K={got['k']}"]["seconds_p50_cold"]
+
+
+def test_the_rule_keeps_to_served_modes_and_prefers_fewer_tokens_within_one_task():
     base = {"a/x": 5, "a/y": 6, QB: 5}
     results = {"off K=1": block(base, mode="off"),
-                "label a=1 f=0 K=4": block({"a/x": 10, "a/y": 10, QB: 10}, k=4),  # over the cost limit
-                "na a=1 f=0 K=1": block({"a/x": 10, "a/y": 10, QB: 10}, mode="na"),  # explored, never served
-                "empty a=1 f=0 K=1": block({"a/x": 8, "a/y": 6, QB: 5}, mode="empty"),
-                "label a=1 f=0 K=1": block({"a/x": 7, "a/y": 6, QB: 5})}
+               "label a=1 f=0 K=4": block({"a/x": 10, "a/y": 10, QB: 10}, k=4),  # over the latency bound
+               "na a=1 f=0 K=1": block({"a/x": 10, "a/y": 10, QB: 10}, mode="na"),  # explored, never served
+               "empty a=1 f=0 K=1": block({"a/x": 8, "a/y": 6, QB: 5}, mode="empty"),
+               "label a=1 f=0 K=1": block({"a/x": 7, "a/y": 6, QB: 5})}
     tokens = {**TOKENS, "na K=1": TOKENS["label K=1"]}
-    assert priors.choose(results, tokens)["pair"] == "label a=1 f=0 K=1", "one task behind empty, cheaper cold"
+    seconds = {**SECONDS, "na K=1": SECONDS["label K=1"]}
+    got = priors.choose(results, tokens, seconds)
+    assert got["pair"] == "label a=1 f=0 K=1", "one task behind empty, fewer tokens"
+    assert got["allowed"] == 3, "off, empty and label at K = 1: not the explored mode, nor K = 4 over the bound"
 
 
 def test_readouts_measured_again_with_the_same_code_are_the_same_and_the_run_is_named(raw, tmp_path, capsys):

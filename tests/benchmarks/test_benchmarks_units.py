@@ -242,7 +242,12 @@ def test_accuracy_tool_compares_styles_debias_orders_and_calibration_on_the_real
     assert "| overall | 6 |" in (tmp_path / "accuracy.md").read_text()
     # The debias section re-analysed from the raw readouts (none scored again): the same figures.
     again = tmp_path / "again"
-    done = subprocess.run([*command[:-4], "--raw", str(tmp_path / "raw.json.gz"), "--out", str(again)], cwd=repo,
+    done = subprocess.run([*command[:-4], "--raw", str(tmp_path / "raw.json.gz"), "--cost",
+                           str(tmp_path / "accuracy.json"), "--out", str(again)], cwd=repo,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((again / "accuracy.json").read_text())["debias"] == grid
+    redone = json.loads((again / "accuracy.json").read_text())
+    assert redone["debias"] == grid
+    assert redone["cost"] == result["cost"] and redone["chosen"] == result["chosen"], "the same timings, the same rule"
+    assert result["chosen"]["latency"]["reference"] == "empty K=1"
+    assert "timed by `" in (again / "accuracy.md").read_text()
