@@ -251,3 +251,10 @@ def test_accuracy_tool_compares_styles_debias_orders_and_calibration_on_the_real
     assert redone["cost"] == result["cost"] and redone["chosen"] == result["chosen"], "the same timings, the same rule"
     assert result["chosen"]["latency"]["reference"] == "empty K=1"
     assert "timed by `" in (again / "accuracy.md").read_text()
+    # Nothing timed: the rule, which weighs latency, chooses nothing rather than choosing blind.
+    untimed = tmp_path / "untimed"
+    done = subprocess.run([*command[:-4], "--raw", str(tmp_path / "raw.json.gz"), "--no-calibration", "--out",
+                           str(untimed)], cwd=repo, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no default chosen" in done.stdout
+    assert not {"chosen", "cost", "rule_out_of_fold"} & set(json.loads((untimed / "accuracy.json").read_text()))
