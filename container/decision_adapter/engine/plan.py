@@ -34,7 +34,8 @@ x86-64 for the benchmark model's Q4_K), a group's rows computed together and the
 is moved down to a multiple of ``STEM_ROWS`` rows from that micro-batch's first, where every row stays in the group
 it has in the whole micro-batch, and the keys, values and logits are those of the prompt decoded whole, bit for bit
 (measured: docs/benchmarks.md, "Orderings that share their stem"). A question's orderings then cost its stem once
-and each ordering's options block.
+and each ordering's options block. A prompt whose stem no neighbour shares (one ordering) is not split: each split
+is one more ``llama_decode``, and a decode of a few dozen tokens costs several times its tokens' share on a CPU.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
     planner = _Planner(spec, limits)
     todo = [i for i in range(len(spec.prompts)) if i not in spec.answered]
     if todo:
-        fused_first = planner.state_steps(todo[0])
+        fused_first = planner.state_steps(todo[0], todo[1] if len(todo) > 1 else None)
         for n, i in enumerate(todo):
             before = todo[n - 1] if n else None
             after = todo[n + 1] if n + 1 < len(todo) else None
@@ -281,10 +282,10 @@ class _Planner:
         self.steps.append(Fork(src, dst))
         self.hold(dst, cells if self.snapshot else 0)
 
-    def state_steps(self, first: int) -> int | None:
+    def state_steps(self, first: int, second: int | None) -> int | None:
         """Sequence 0 holding head and state: restored from the cache, or the head restored and the state decoded
         (and saved). Returns the prompt whose own tokens went into the state's last micro-batch (the fused
-        layout), if any."""
+        layout), if any: ``first``, unless it shares its stem with ``second``, the prompt after it."""
         spec, limits = self.spec, self.limits
         if spec.state_cached and spec.state_key is not None:
             self.steps.append(Restore(STATE_SEQ, spec.state_key, spec.state_end))
@@ -311,7 +312,7 @@ class _Planner:
         suffix = prompt[spec.state_end:]
         last = state[-1].chunks[0]
         # A prompt whose stem is split off decodes it on its own (its orderings share it), so it is never fused.
-        fused = limits.fused and self.split(first) == spec.state_end \
+        fused = limits.fused and not self.same_stem(first, second) \
             and len(last.tokens) + len(suffix) <= limits.batch_tokens
         if fused:
             # One llama_decode for the state's last micro-batch and the first prompt's own tokens: the state's
@@ -344,7 +345,10 @@ class _Planner:
         (``stem_kept``) instead of released."""
         spec, limits = self.spec, self.limits
         prompt, trie = spec.prompts[i], spec.tries[i]
-        stem, size = self.split(i), limits.batch_tokens
+        # A stem no other prompt shares is not split off: the prompt's micro-batches are those of the prompt
+        # decoded whole (one llama_decode fewer; the readout is the same either way, bit for bit).
+        stem = self.split(i) if stem_decoded or stem_kept else spec.state_end
+        size = limits.batch_tokens
         if not own_decoded:
             if not stem_decoded:
                 self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
