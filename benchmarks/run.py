@@ -142,11 +142,12 @@ class Row:
 
 
 def own_timing(body: dict[str, Any]) -> dict[str, float] | None:
-    """The adapter's own account of a System One answer: tokens evaluated and the seconds its prompt took."""
+    """The adapter's own account of a System One answer: tokens evaluated and the seconds its prompt took. The
+    tokens count a prior's (``x_evaluated_tokens``), so the seconds count its job's too (``x_timing.prior``)."""
     timing = body.get("x_timing") or {}
     if "x_evaluated_tokens" not in body or "prefill" not in timing:
         return None
-    seconds = timing["prefill"] + timing.get("readout", 0.0)
+    seconds = timing["prefill"] + timing.get("readout", 0.0) + timing.get("prior", 0.0)
     return {"prompt_tokens": body["x_evaluated_tokens"], "prompt_s": seconds, "answer_tokens": 0, "answer_s": 0.0}
 
 

@@ -190,6 +190,18 @@ def test_each_servers_own_timing_fields_are_reported_side_by_side(run):
     assert "Each server's own timing fields" in table and "| llama-server | " in table
 
 
+def test_the_adapters_own_seconds_count_its_priors_job_as_its_tokens_do():
+    """x_evaluated_tokens counts a prior's tokens; the seconds set beside them must count the prior's job too."""
+    from benchmarks.run import own_timing
+
+    body = {"x_evaluated_tokens": 190, "x_prior_tokens": 87,
+            "x_timing": {"queue": 0.001, "prefill": 0.25, "readout": 0.05, "prior": 0.3, "total": 0.7}}
+    assert own_timing(body) == {"prompt_tokens": 190, "prompt_s": 0.6, "answer_tokens": 0, "answer_s": 0.0}
+    del body["x_timing"]["prior"]
+    assert own_timing({**body, "x_evaluated_tokens": 103})["prompt_s"] == 0.3
+    assert own_timing({"x_timing": {"total": 1.0}}) is None
+
+
 def test_the_kernels_benchmark_forces_each_variant_of_the_dispatched_build(tmp_path):
     """`make bench`'s kernel comparison, on the embedded model and the dispatched build alone (the AVX2 and native
     comparison builds are compiled by `make bench`, not here): the best variant, and the baseline forced."""
