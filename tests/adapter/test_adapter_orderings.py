@@ -32,7 +32,7 @@ def own_decodes(plan, prompt: int) -> list[tuple[int, tuple[int, ...]]]:
         if isinstance(step, Fork) and step.dst == 1:
             held = []
         elif isinstance(step, Cut) and step.seq == 1:
-            held = [(pos, tokens) for pos, tokens in held if pos < step.tokens]
+            held = [(pos, tokens[:step.tokens - pos]) for pos, tokens in held if pos < step.tokens]
         elif isinstance(step, Decode) and step.chunks[0].seq == 1:
             chunk = step.chunks[0]
             held.append((chunk.pos, chunk.tokens))
@@ -82,10 +82,23 @@ def test_a_stem_is_decoded_once_for_the_prompts_that_share_it():
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 def test_each_prompt_decodes_the_micro_batches_of_the_prompt_decoded_whole_split_at_its_stem(i):
-    together = own_decodes(plan_job(spec_of(PROMPTS, STEMS), LIMITS), i)
+    """The first prompt of a stem is decoded whole; each next one holds that prompt's micro-batches cut at the
+    stem and decodes its rest from there: split at its stem, the same micro-batches as the prompt decoded whole."""
+    plan = plan_job(spec_of(PROMPTS, STEMS), LIMITS)
+    together = own_decodes(plan, i)
     whole = own_decodes(plan_job(spec_of([PROMPTS[i]], ()), LIMITS), 0)
     assert merged(together, 4, LIMITS.batch_tokens) == whole
-    assert SPLITS[i] in [pos for pos, _ in together]
+    first_of_stem = i == 0 or STEMS[i - 1] != STEMS[i]
+    assert (together == whole) if first_of_stem else SPLITS[i] in [pos for pos, _ in together]
+
+
+def test_a_stem_costs_no_llama_decode_of_its_own():
+    """One llama_decode per micro-batch of what each prompt decodes: the state's (1); the first question's first
+    ordering whole (1), the others' rests (2 and 3); the second question's first ordering whole (2), the other's
+    rest (1). Splitting the stems off would add a decode for each first ordering whose stem ends inside a
+    micro-batch (the first question's)."""
+    plan = plan_job(spec_of(PROMPTS, STEMS), LIMITS)
+    assert sum(isinstance(s, Decode) for s in plan.steps) == 1 + (1 + 2 + 3) + (2 + 1)
 
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))

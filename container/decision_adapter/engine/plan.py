@@ -25,17 +25,17 @@ request holds and whatever is cached:
 
 A prompt may name its stem (``JobSpec.stems``): its own tokens that do not depend on the order of its options (the
 question, up to its options block). Consecutive prompts with the same stem (the orderings of one question, or of its
-prior) decode it once: the first forks the state and decodes the stem, each decodes its rest (options block, answer
-position) after it, and the sequence is cut back to the stem (``Cut``: the rest's cells free again, the next
-prompt's rest goes into the same cells) for the next. The micro-batches are still those of the prompt decoded whole
-(``batch_tokens`` each from the state's end), the one the stem ends in split in two: its stem part and its rest
-part, decoded one after the other. llama.cpp's CPU matrix kernels work on the rows of a micro-batch in groups (4 on
-x86-64 for the benchmark model's Q4_K), a group's rows computed together and the rows left over apart; so the split
-is moved down to a multiple of ``STEM_ROWS`` rows from that micro-batch's first, where every row stays in the group
-it has in the whole micro-batch, and the keys, values and logits are those of the prompt decoded whole, bit for bit
-(measured: docs/benchmarks.md, "Orderings that share their stem"). A question's orderings then cost its stem once
-and each ordering's options block. A prompt whose stem no neighbour shares (one ordering) is not split: each split
-is one more ``llama_decode``, and a decode of a few dozen tokens costs several times its tokens' share on a CPU.
+prior) decode it once: the first forks the state and is decoded whole, its sequence is cut back to the stem
+(``Cut``: the rest's cells free again, the next prompt's rest goes into the same cells), and each next prompt
+decodes only its rest (options block, answer position) after it. The rest's micro-batches are those of the prompt
+decoded whole (``batch_tokens`` each from the state's end), the one the stem ends in split in two: its stem part
+(decoded by the first prompt) and its rest part. llama.cpp's CPU matrix kernels work on the rows of a micro-batch
+in groups (4 on x86-64 for the benchmark model's Q4_K), a group's rows computed together and the rows left over
+apart; so the split is moved down to a multiple of ``STEM_ROWS`` rows from that micro-batch's first, where every row
+stays in the group it has in the whole micro-batch, and the keys, values and logits are those of the prompt decoded
+whole, bit for bit (measured: docs/benchmarks.md, "Orderings that share their stem"). A question's orderings then
+cost its stem once and each ordering's options block, in one ``llama_decode`` each (a decode of a few dozen tokens
+costs several times its tokens' share on a CPU, so a split that is not needed is not made).
 """
 
 from __future__ import annotations
@@ -339,26 +339,21 @@ class _Planner:
 
     def prompt_steps(self, i: int, *, own_decoded: bool, stem_decoded: bool = False, stem_kept: bool = False) -> None:
         """Prompt ``i``: forked from the state, its own tokens decoded from their first (unless the fused state's
-        decode held them already), then its label paths side by side on forks of it, each group released. With a
-        stem, the stem is decoded from its first token (unless the prompt before left it: ``stem_decoded``) and
-        the rest from the stem's end; the prompt's sequence is cut back to its stem for the next prompt
-        (``stem_kept``) instead of released."""
+        decode held them already), then its label paths side by side on forks of it, each group released. A
+        prompt whose stem the prompt before left (``stem_decoded``) decodes only its rest, from the stem's end; the
+        prompt's sequence is cut back to its stem for the next prompt (``stem_kept``) instead of released."""
         spec, limits = self.spec, self.limits
         prompt, trie = spec.prompts[i], spec.tries[i]
-        # A stem no other prompt shares is not split off: the prompt's micro-batches are those of the prompt
-        # decoded whole (one llama_decode fewer; the readout is the same either way, bit for bit).
-        stem = self.split(i) if stem_decoded or stem_kept else spec.state_end
-        size = limits.batch_tokens
+        # The first prompt of a stem is decoded whole, not as its stem then its rest: the split falls on a row
+        # group's edge, so the stem's keys and values are the same bit for bit, for one llama_decode fewer.
+        begin = self.split(i) if stem_decoded else spec.state_end
         if not own_decoded:
             if not stem_decoded:
                 self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
-                self.steps += aligned(PROMPT_SEQ, prompt, spec.state_end, stem, spec.state_end, size, None)
-                self.hold(PROMPT_SEQ, stem - spec.state_end)
-                self.own[i] = stem - spec.state_end
-            self.steps += aligned(PROMPT_SEQ, prompt, stem, len(prompt), spec.state_end, size,
+            self.steps += aligned(PROMPT_SEQ, prompt, begin, len(prompt), spec.state_end, limits.batch_tokens,
                                   Read(i, (), trie.children[()]))
-            self.hold(PROMPT_SEQ, len(prompt) - stem)
-            self.own[i] += len(prompt) - stem
+            self.hold(PROMPT_SEQ, len(prompt) - begin)
+            self.own[i] = len(prompt) - begin
         paths = trie.inner_nodes
         room = limits.sequences - FIRST_PATH_SEQ
         if paths and room < 1:
@@ -377,6 +372,7 @@ class _Planner:
             for seq in seqs:
                 self.live.pop(seq)
         if stem_kept:
+            stem = self.split(i)
             self.steps.append(Cut(PROMPT_SEQ, stem))
             self.live[PROMPT_SEQ] = stem - spec.state_end
         else:
