@@ -105,8 +105,8 @@ class Settings:
     permutations: int = setting("ADAPTER_PERMUTATIONS", 1,
                                 "Orderings of the options each decision is scored in and averaged over, unless the "
                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
-                                "make the answer independent of it, for about K times the question's tokens "
-                                "(docs/accuracy.md says which to choose). `make run` uses 16 (every ordering, "
+                                "make the answer independent of it, for the question once and its options block K "
+                                "times (docs/accuracy.md says which to choose). `make run` uses 16 (every ordering, "
                                 "capped at the number of options) with the embedded model unless this is set.",
                                 ge=1, le=16)
     debias: DebiasModeName = setting(
