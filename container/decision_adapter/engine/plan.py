@@ -311,7 +311,8 @@ class _Planner:
         state = chunked(STATE_SEQ, prompt[start:spec.state_end], start, limits.batch_tokens, None)
         suffix = prompt[spec.state_end:]
         last = state[-1].chunks[0]
-        # A prompt whose stem is split off decodes it on its own (its orderings share it), so it is never fused.
+        # A prompt whose stem the next one shares is never fused: the next one's rest is decoded from a row-group
+        # edge of the prompt's own micro-batch, and fused, the prompt's rows start after the state's.
         fused = limits.fused and not self.same_stem(first, second) \
             and len(last.tokens) + len(suffix) <= limits.batch_tokens
         if fused:
