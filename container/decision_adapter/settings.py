@@ -177,6 +177,13 @@ class Settings:
                                    "90% of it; /execution-parameters says MULTI_RECORD where a mini-batch of the body "
                                    "limit fills half of that at the measured speed.", ge=1, le=3600)
 
+    # Rollback drill (python -m endpoint_client acceptance --rollback-drill; docs/deploy.md)
+    drill: Literal["off", "fail", "slow"] = setting(
+        "ADAPTER_DRILL", "off", "Makes this container a faulty release for a rollback drill, once start-up is done (the "
+        "start-up probe passes, so /ping answers 200 and SageMaker shifts traffic to it): fail (every job that "
+        "reaches the engine fails, answered 500 'scoring failed' and logged as a scoring failure) or slow (every "
+        "decode step takes twice its time, and a job's compute time says so). off in any real deployment.")
+
     # Access
     api_key: str = setting("ADAPTER_API_KEY", "",
                            "Bearer key required on /invocations and /v1/* when set; empty means no key is "
