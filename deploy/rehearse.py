@@ -13,8 +13,10 @@ says localhost) and made-up credentials:
    EndpointConfig with the new image, the endpoint names unchanged; the calls the diff and the deploy made with the
    caller's own credentials (not a bootstrap role's) evaluated against the deployed deployer policy
    (``<prefix>-deployer`` of the access stack);
-4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
-   each one moto cannot show says why;
+4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill (``--drill-fault
+   fail``): no check fails, and each one moto cannot show says why; the drill's faulty Model and EndpointConfig are
+   made, UpdateEndpoint is asked (moto has none: no DeploymentConfig runs, no alarm history is kept) and the drill
+   leaves nothing behind;
 5. prod from dev's artifacts (``artifacts_from: dev``): ``python -m endpoint_client promote --from dev --to prod
    --emulator moto`` writes prod's pins from what dev serves and step 4's report accepted (full references into
    dev's repository, the archive in dev's bucket; refused at step 3, before any acceptance of those digests),
@@ -490,7 +492,7 @@ class Rehearsal:
     def accept(self) -> list[str]:
         command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",
                    "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json"), "--wait", "0",
-                   "--rollback-drill", "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]
+                   "--rollback-drill", "cpu", "--drill-fault", "fail"]
         done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
                               timeout=600)
         lines = done.stdout.strip().splitlines()
@@ -498,6 +500,13 @@ class Rehearsal:
         states = {line.split()[0] for line in lines[:-1]}
         check(states <= {"proved", "unprovable", "warn", "skipped"} and "unprovable" in states,
               f"acceptance reported {sorted(states)}:\n{done.stdout[-4000:]}")
+        # The drill as far as moto goes: its faulty Model (ADAPTER_DRILL=fail, which the adapter's tests run) and
+        # EndpointConfig made and sent to UpdateEndpoint, which moto lacks; nothing of it left behind.
+        (drill,) = [line for line in lines if line.split()[1:3] == ["rollback", "drill"]]
+        check(drill.startswith("unprovable") and "UpdateEndpoint" in drill and "ADAPTER_DRILL=fail" in drill,
+              f"the drill did not reach UpdateEndpoint: {drill}")
+        left = [m["ModelName"] for m in self.client("sagemaker").list_models()["Models"] if "-drill-" in m["ModelName"]]
+        check(not left, f"the drill left its Model behind: {left}")
         self.log(f"  {lines[-1]}")
         return lines
 

@@ -215,7 +215,7 @@ def recorded(environment, tmp_path_factory):
             "transform": lambda: transform.main([*common, "--input", f"s3://{environment.bucket}/batch/input/run1/",
                                                  "--poll-interval", "0"]),
             "acceptance": lambda: acceptance.main([*common, "--emulator", "moto", "--wait", "0", "--rollback-drill",
-                                                   "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]),
+                                                   "cpu", "--drill-fault", "fail"]),
             # After acceptance: its report is what promote reads.
             "promote": lambda: promote.main(["--from", "dev", "--to", "prod", "--cdk-json", str(checkout / "cdk.json"),
                                              "--endpoint-url", url, "--region", REGION, "--emulator", "moto"]),
