@@ -17,9 +17,11 @@ says localhost) and made-up credentials:
    fail``): no check fails, and each one moto cannot show says why; the drill's faulty Model and EndpointConfig are
    made, UpdateEndpoint is asked (moto has none: no DeploymentConfig runs, no alarm history is kept) and the drill
    leaves nothing behind;
-5. prod from dev's artifacts (``artifacts_from: dev``): ``python -m endpoint_client promote --from dev --to prod
-   --emulator moto`` writes prod's pins from what dev serves and step 4's report accepted (full references into
-   dev's repository, the archive in dev's bucket; refused at step 3, before any acceptance of those digests),
+5. prod from dev's artifacts (``artifacts_from: dev``; dev retains its artifacts, as it must once prod pins them):
+   ``python -m endpoint_client promote --from dev --to prod --emulator moto`` writes prod's pins from what dev serves
+   and step 4's report accepted (full references into dev's repository, the archive in dev's bucket, the report's
+   S3 version and sha256; refused at step 3, before any acceptance of those digests), tags the images so that
+   dev's lifecycle keeps them, and ``promote --verify`` finds prod's pins in that very report version,
    ``npx cdk deploy -c env=prod --all``: no build
    stack, every other stack CREATE_COMPLETE and protected, each endpoint InService on a Model naming dev's image
    digest and model data URL; then ``npx cdk destroy`` of prod's monitoring stack refused by its termination
@@ -336,6 +338,7 @@ class Rehearsal:
 
         self.log("5. prod from dev's artifacts: deploy prod --all, then termination protection refuses a destroy")
         self.promote()
+        self.verify_promoted()
         self.cdk("deploy", "-c", "env=prod", "--all", "--require-approval", "never")
         prod, stacks = self.stack_names("prod"), self.stacks()
         check("decision-prod-build" not in stacks and "decision-prod-build" not in prod,
@@ -464,6 +467,25 @@ class Rehearsal:
         check((done.returncode != 0) == expect_failure, f"promote exited {done.returncode}:\n{output[-4000:]}")
         self.log(f"  promote --from dev --to {target}: exit {done.returncode}: {output.strip().splitlines()[-1]}")
         return output
+
+    def verify_promoted(self, target: str = "prod") -> None:
+        """What promote wrote, before the target's deploy: ``promote --verify`` reads the recorded version of dev's
+        acceptance report again and finds the target's pins in it; dev's images carry the tag that keeps them."""
+        command = [sys.executable, "-m", "endpoint_client", "promote", "--from", "dev", "--to", target, "--verify",
+                   "--emulator", "moto", "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json")]
+        done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
+                              timeout=300)
+        output = done.stdout + done.stderr
+        check(done.returncode == 0, f"promote --verify exited {done.returncode}:\n{output[-4000:]}")
+        pins = json.loads((self.checkout / "cdk.json").read_text())["context"]["environments"][target]["pins"]
+        ecr = self.client("ecr")
+        for kind, image in pins["images"].items():
+            repository, _, digest = image.split("/", 1)[1].partition("@")
+            (details,) = ecr.describe_images(repositoryName=repository, imageIds=[{"imageDigest": digest}])[
+                "imageDetails"]
+            check(f"pinned-{digest.removeprefix('sha256:')}" in details.get("imageTags", []),
+                  f"{kind}: {image} is not tagged pinned-<digest> in dev's repository")
+        self.log(f"  promote --verify: {done.stdout.strip()}; dev's images tagged pinned-<digest>")
 
     def check_deployer_policy(self, *recordings: str) -> None:
         """Every call the CLI made with the caller's own credentials during the diff and the deploy: allowed by the

@@ -54,7 +54,9 @@ def resource_types(action: str) -> tuple[ResourceType, ...]:
     service, _, name = action.partition(":")
     actions, types = _service(service)
     entry = actions[name.lower()]
-    return tuple(ResourceType(r["name"], r["required"], types[r["name"]]["arn"]) for r in entry["resourceTypes"])
+    # (the data keys resource types in lower case where the reference capitalizes them: ScalableTarget)
+    return tuple(ResourceType(r["name"], r["required"], (types.get(r["name"]) or types[r["name"].lower()])["arn"])
+                 for r in entry["resourceTypes"])
 
 
 def resource_type_of(action: str, resource: str) -> ResourceType | None:

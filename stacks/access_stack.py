@@ -195,14 +195,20 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="Preflight", actions=[
                 "servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas",
                 "application-autoscaling:DescribeScalableTargets"], resources=["*"]),
-            # acceptance's report (convention 4 of issue 33): written by acceptance, read by promote.
-            iam.PolicyStatement(sid="AcceptanceReports", actions=["s3:PutObject", "s3:GetObject"],
+            # acceptance's report (convention 4 of issue 33): written by acceptance, read by promote (and by
+            # promote --verify, one version of it).
+            iam.PolicyStatement(sid="AcceptanceReports", actions=["s3:PutObject", "s3:GetObject",
+                                                                  "s3:GetObjectVersion"],
                                 resources=[self._bucket_objects(f"{ACCEPTANCE_PREFIX}{config.name}/")]),
         ]
         archives = self._model_archives()
+        report = self._promoted_report()
         if archives:
-            statements.insert(1, iam.PolicyStatement(sid="CheckModelArchives", actions=["s3:GetObject"],
-                                                     resources=archives))
+            # check-pins (and preflight): the archive; where pinned from another environment, preflight also reads
+            # the very version of the acceptance report the pins were promoted on.
+            statements.insert(1, iam.PolicyStatement(
+                sid="CheckModelArchives", actions=["s3:GetObject", *(["s3:GetObjectVersion"] if report else [])],
+                resources=[*archives, *report]))
         others = sorted({image.repository.arn for kind in config.endpoints
                          if (image := getattr(config.pins.images, kind)) is not None and image.repository is not None})
         if others:
@@ -221,6 +227,11 @@ class AccessStack(cdk.Stack):
                                     resources=["*"]),
             ]
         return statements
+
+    def _promoted_report(self) -> list[str]:
+        """The acceptance report this environment's pins were promoted on (pins.acceptance), in its source's bucket."""
+        pin = self.config.pins.acceptance
+        return [] if pin is None else [f"arn:{cdk.Aws.PARTITION}:s3:::{pin.bucket}/{pin.key}"]
 
     def _model_archives(self) -> list[str]:
         """What check-pins reads of the model archive: the builds' prefix of this environment's bucket; or, where

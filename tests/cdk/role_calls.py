@@ -210,6 +210,8 @@ def requests_of_operation(operation: Operation, *, partition: str = "aws") -> li
         raise ValueError(f"{source}: only S3 operations are mapped")
     action = S3_ACTIONS.get(operation.name, f"s3:{operation.name}")
     params = operation.params
+    if action == "s3:GetObject" and params.get("VersionId"):
+        action = "s3:GetObjectVersion"     # a read of one version is authorized as such (S3's actions table)
     if "Key" in params:
         return [Request(action, f"arn:{partition}:s3:::{params['Bucket']}/{params['Key']}", source=source)]
     context = {"s3:prefix": params["Prefix"]} if "Prefix" in params else {}

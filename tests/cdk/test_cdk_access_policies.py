@@ -59,9 +59,12 @@ EXPECTED_OPERATIONS = {
                    "CreateEndpointConfig", "UpdateEndpoint", "DeleteEndpointConfig", "DeleteModel",
                    "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "PutObject"},
     # promote --from dev --to prod reads dev (prod's cdk.json pins are local): what it serves, its report.
-    "promote": {"DescribeStacks", "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "GetObject"},
+    # (its PutImage of the pinned- tag: check-pins --protect tagged these images before)
+    "promote": {"DescribeStacks", "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "GetObject",
+                "DescribeImages"},
     "acceptance, not rolled back": {"CreateModel", "CreateEndpointConfig", "UpdateEndpoint", "DeleteEndpointConfig",
                                     "DeleteModel"},
+    "promote --verify": {"GetObject"},
 }
 
 
@@ -107,6 +110,7 @@ class Environment:
                    for stack in (artifacts, monitoring, *self.endpoint_stacks)}
         s3 = client("s3")
         s3.create_bucket(Bucket=self.bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+        s3.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})  # as the stack's
         model = cdk_testkit.TEST_PINS["model"]["s3_key"]
         s3.put_object(Bucket=self.bucket, Key=model, Body=b"archive")
         for name in ("a.jsonl", "b.jsonl"):
@@ -158,7 +162,7 @@ class Environment:
         """moto's backends are the process's, shared by every server on loopback: the bucket (S3 names are global)
         goes, so that another test creating it finds none."""
         s3 = boto3.resource("s3", region_name=REGION, endpoint_url=url).Bucket(self.bucket)
-        s3.objects.all().delete()
+        s3.object_versions.all().delete()      # versioned, as the stack's bucket is
         s3.delete()
 
 
@@ -204,8 +208,11 @@ def recorded(environment, tmp_path_factory):
     checkout = tmp_path_factory.mktemp("checkout")
     context = copy.deepcopy(cdk_testkit.context_for("dev"))
     context.pop("env")
-    # prod takes dev's artifacts (cdk.json ships it so) and is located where dev is, as promote's target must be.
+    # prod takes dev's artifacts (cdk.json ships it so) and is located where dev is, as promote's target must be;
+    # dev retains them, as it must once prod pins them (stacks/config.py).
     context["environments"]["prod"].update(account=MOTO_ACCOUNT, region=REGION)
+    context["environments"]["dev"].update(account=MOTO_ACCOUNT, region=REGION)
+    context["environments"]["dev"]["artifacts"]["removal_policy"] = "retain"
     (checkout / "cdk.json").write_text(json.dumps({"context": context}, indent=2) + "\n")
     (checkout / "model_build").mkdir()
     shutil.copy(REPOSITORY_ROOT / "model_build" / "pins.json", checkout / "model_build" / "pins.json")
@@ -234,6 +241,10 @@ def recorded(environment, tmp_path_factory):
             # After acceptance: its report is what promote reads.
             "promote": lambda: promote.main(["--from", "dev", "--to", "prod", "--cdk-json", str(checkout / "cdk.json"),
                                              "--endpoint-url", url, "--region", REGION, "--emulator", "moto"]),
+            # Before prod's deploy: its pins against the report version promote recorded.
+            "promote --verify": lambda: promote.main([
+                "--from", "dev", "--to", "prod", "--verify", "--cdk-json", str(checkout / "cdk.json"),
+                "--endpoint-url", url, "--region", REGION, "--emulator", "moto"]),
             # A drill that is not rolled back: acceptance undoes it, to the stack's EndpointConfig (and fails).
             "acceptance, not rolled back": lambda: acceptance.main([*common, "--emulator", "moto", "--wait", "0",
                                                                     "--rollback-drill", "cpu", "--drill-fault",
@@ -292,7 +303,7 @@ def test_each_command_ran_to_its_end(recorded):
         assert not missing, f"{command} (exit {code}) never called {sorted(missing)}"
     assert {command: code for command, (code, _) in recorded.items()} == {
         "check-pins --protect": 0, "preflight": 0, "transform": 0, "acceptance": 0, "promote": 0,
-        "acceptance, not rolled back": 1}
+        "promote --verify": 0, "acceptance, not rolled back": 1}
     updates = [op.params["EndpointConfigName"] for op in recorded["acceptance, not rolled back"][1]
                if op.name == "UpdateEndpoint"]
     assert len(updates) == 2 and "-drill-" in updates[0] and "-drill-" not in updates[1], "the drill, its undo"
