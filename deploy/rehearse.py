@@ -52,7 +52,7 @@ from urllib.parse import unquote
 import boto3
 
 from deploy import emulator, iam_simulation
-from deploy.pins import image_digest, pinned_cdk_json
+from deploy.pins import image_digest, image_manifest, pinned_cdk_json
 from endpoint_client.deployment import SERVING, Served, served_by
 from stacks.config import execution_role_name
 
@@ -299,8 +299,10 @@ class Rehearsal:
             config_name, image = self.endpoint_images(endpoint_name)
             check(image.endswith("@" + image_digest(kind, 1)), f"{endpoint_name} runs {image}")
             first[kind] = config_name
+        self.push_builds(1)
 
         self.log("3. a pin change: diff, then deploy dev --all")
+        self.push_builds(2)
         self.write_app(generation=2)
         # As the pull-request workflow runs it: against the deployed templates (moto cannot delete a diff change set),
         # its calls recorded, then evaluated against the review role it runs with there.
@@ -467,6 +469,18 @@ class Rehearsal:
         check((done.returncode != 0) == expect_failure, f"promote exited {done.returncode}:\n{output[-4000:]}")
         self.log(f"  promote --from dev --to {target}: exit {done.returncode}: {output.strip().splitlines()[-1]}")
         return output
+
+    def push_builds(self, generation: int) -> None:
+        """What the image builds push into dev's repository (CodeBuild is not emulated): each kind's manifest of this
+        build, whose digest the pins name (deploy/pins.py), under its build tag. moto's SageMaker pulls nothing, but
+        promote tags what it promotes, in the repository."""
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in self.stacks()["decision-dev-artifacts"]["Outputs"]}
+        repository = outputs["ImageRepositoryUri"].split("/", 1)[1]
+        ecr = self.client("ecr")
+        for kind, tag in (("cpu", "cpu-"), ("gpu", "gpu-"), ("text_generation", "textgen-")):
+            ecr.put_image(repositoryName=repository, imageManifest=image_manifest(kind, generation),
+                          imageManifestMediaType="application/vnd.docker.distribution.manifest.v2+json",
+                          imageTag=f"{tag}build{generation}", imageDigest=image_digest(kind, generation))
 
     def verify_promoted(self, target: str = "prod") -> None:
         """What promote wrote, before the target's deploy: ``promote --verify`` reads the recorded version of dev's
