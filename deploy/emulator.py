@@ -14,6 +14,9 @@ process that calls :func:`start`; ``make rehearse`` and its test run in a proces
   ml.g6e, and knows no ``InstancePools`` (a variant must name an instance type or be serverless); here a variant's
   instance type, or each of its pools', is checked against the enum of botocore's SageMaker service model (the API's
   own), and a variant with pools and an instance type both is refused, as CreateEndpointConfig does.
+- **S3 bucket versioning in templates.** moto's AWS::S3::Bucket handler ignores ``VersioningConfiguration``, so
+  the artifact bucket came out unversioned and promote, which records the acceptance report's S3 version, found
+  none; the bucket's versioning status is set as the template says.
 - **AWS::SageMaker::Endpoint's EndpointName.** moto's handler ignores the property and generates a name;
   CloudFormation names the endpoint as the template says, which is how clients and alarms find it.
 - **Imports, outputs and exports of change sets.** ``cdk deploy`` creates and updates stacks through change sets;
@@ -107,6 +110,19 @@ def _patch() -> None:
 
     sagemaker_models.FakeEndpointConfig.validate_production_variants = validate_production_variants
     sagemaker_models.FakeEndpoint.cloudformation_name_type = staticmethod(lambda: "EndpointName")
+
+    from moto.s3 import models as s3_models
+    create_bucket = s3_models.FakeBucket.create_from_cloudformation_json.__func__
+
+    def create_bucket_with_versioning(cls, resource_name: str, cloudformation_json: Any, account_id: str,
+                                      region_name: str, **kwargs: Any):
+        bucket = create_bucket(cls, resource_name, cloudformation_json, account_id, region_name, **kwargs)
+        status = cloudformation_json.get("Properties", {}).get("VersioningConfiguration", {}).get("Status")
+        if status:
+            bucket.versioning_status = status
+        return bucket
+
+    s3_models.FakeBucket.create_from_cloudformation_json = classmethod(create_bucket_with_versioning)
 
     _add_alarm_resource_type()
     _add_oidc_provider_resource_type()

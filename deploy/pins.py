@@ -6,7 +6,8 @@ GGUF sha256, from model_build/pins.json), so that everything that checks a pin's
 environment whose ``artifacts_from`` names another gets that one's pins as full references to its repository and
 bucket (:func:`promoted_pins`), under names made up as CloudFormation generates them.
 Environments that cdk.json requires an account and region for (termination protection, retained artifacts) get
-the example account and region below, as a user's cdk.json would name theirs.
+the example account and region below, as a user's cdk.json would name theirs; a source whose artifacts another's
+pins name retains them (stacks/config.py requires it), as a user's cdk.json must before promote writes such pins.
 """
 
 from __future__ import annotations
@@ -64,15 +65,24 @@ def example_artifact_names(name_prefix: str) -> tuple[str, str]:
             f"{stack}-artifactbucket{suffix[20:28]}-{suffix[28:40]}")
 
 
+def example_acceptance_pin(source_name: str, bucket: str) -> dict[str, str]:
+    """A made-up record of the source's acceptance report, in the form promote writes it (stacks/config.py,
+    AcceptancePin)."""
+    key = f"acceptance/{source_name}/20270101T000000Z.json"
+    return {"bucket": bucket, "key": key, "version_id": hashlib.sha256(key.encode()).hexdigest()[:32],
+            "sha256": hashlib.sha256(f"report {key}".encode()).hexdigest()}
+
+
 def promoted_pins(source_pins: dict[str, Any], *, account: str, region: str, repository: str,
-                  bucket: str) -> dict[str, Any]:
+                  bucket: str, source_name: str = "dev") -> dict[str, Any]:
     """The pins of an environment whose artifacts_from names the source: the source's digests as full references to
-    its repository, the source's model key with its bucket (what ``endpoint_client promote`` writes)."""
+    its repository, the source's model key with its bucket, and the acceptance report they were promoted on (what
+    ``endpoint_client promote`` writes)."""
     registry = f"{account}.dkr.ecr.{region}.amazonaws.com/{repository}"
     images = {kind: None if digest is None else f"{registry}@{digest.rsplit('@', 1)[-1]}"
               for kind, digest in source_pins["images"].items()}
     model = source_pins["model"] and {**source_pins["model"], "bucket": bucket}
-    return {"images": images, "model": model}
+    return {"images": images, "model": model, "acceptance": example_acceptance_pin(source_name, bucket)}
 
 
 def pins_in(environments: dict[str, Any], name: str, generation: int = 1, *, account: str = EXAMPLE_ACCOUNT,
@@ -88,7 +98,36 @@ def pins_in(environments: dict[str, Any], name: str, generation: int = 1, *, acc
     repository, bucket = example_artifact_names(source["name_prefix"])
     return promoted_pins(pins_for(source, generation), account=source.get("account") or account,
                          region=source.get("region") or environment.get("region") or region, repository=repository,
-                         bucket=bucket)
+                         bucket=bucket, source_name=source_name)
+
+
+def promote_into(environments: dict[str, Any], name: str, generation: int = 1, *, account: str = EXAMPLE_ACCOUNT,
+                 region: str = EXAMPLE_REGION, locate: bool = True) -> None:
+    """environments[name] pinned to its source's builds (pins_in), and the source made to retain them, located in
+    ``account`` and ``region`` where cdk.json leaves that to the caller (``locate``: a synthesis of environments[name]
+    alone does not validate its source, so it need not): what a user's cdk.json holds once promote has written such
+    pins (stacks/config.py refuses a source that would destroy them). Edited in place."""
+    source = environments[name].get("artifacts_from")
+    if not source:
+        environments[name]["pins"] = pins_for(environments[name], generation)
+        return
+    retained = environments[source]
+    retained["artifacts"] = {**retained.get("artifacts", {}), "removal_policy": "retain"}
+    if locate:
+        retained["account"] = retained.get("account") or account
+        retained["region"] = retained.get("region") or region
+    environments[name]["pins"] = pins_in(environments, name, generation, account=account, region=region)
+
+
+def retaining_sources(environments: dict[str, Any]) -> None:
+    """The environments whose artifacts another's pins name keep them on `cdk destroy` (removal_policy retain), as
+    stacks/config.py requires before promote writes such pins; edited in place."""
+    for environment in environments.values():
+        source = environment.get("artifacts_from")
+        pins = environment.get("pins") or {}
+        if source in environments and (pins.get("model") or any((pins.get("images") or {}).values())):
+            environments[source]["artifacts"] = {**environments[source].get("artifacts", {}),
+                                                 "removal_policy": "retain"}
 
 
 def needs_location(environment: dict[str, Any]) -> bool:
@@ -106,11 +145,13 @@ def pinned_context(context: dict[str, Any], *, generation: int = 1, account: str
     context = copy.deepcopy(context)
     environments = context["environments"]
     pins = {name: pins_in(environments, name, generation, account=account, region=region) for name in environments}
+    for name, environment in environments.items():
+        environment["pins"] = pins[name]
+    retaining_sources(environments)
     for index, (name, environment) in enumerate(environments.items()):
         if one_account and index > 0:
             environment["review"] = {**environment.get("review", {}), "create_oidc_provider": False}
             environment["create_transform_log_group"] = False
-        environment["pins"] = pins[name]
         review = environment.get("review", {})
         if not review.get("github_repository"):
             environment["review"] = {**review, "github_repository": EXAMPLE_REPOSITORY}
@@ -141,9 +182,19 @@ def completed_contexts(base: dict[str, Any], head: dict[str, Any]) -> tuple[dict
                     pins["images"][kind] = filled["pins"]["images"][kind]
             if all(v.get("pins.model") is None for v in values):
                 pins["model"] = filled["pins"]["model"]
+            if "acceptance" in filled["pins"] and not pins.get("acceptance"):
+                pins["acceptance"] = filled["pins"]["acceptance"]
             environment["pins"] = pins
             for key in ("account", "region", "review"):
                 environment[key] = filled.get(key)
+        source = next((e.get("artifacts_from") for e in present if e), None)
+        if source and all(value is None for v in values for value in v.values()):
+            # Pins made up on both sides for a consumer: its source retains its artifacts, as it must once real
+            # pins name them (real pins of a source that does not are left for synthesis to refuse).
+            for side in sides:
+                if source in side.get("environments", {}):
+                    retaining_sources({source: side["environments"][source], name: {
+                        "artifacts_from": source, "pins": {"model": True}}})
     return sides[0], sides[1]
 
 

@@ -13,11 +13,15 @@ says localhost) and made-up credentials:
    EndpointConfig with the new image, the endpoint names unchanged; the calls the diff and the deploy made with the
    caller's own credentials (not a bootstrap role's) evaluated against the deployed deployer policy
    (``<prefix>-deployer`` of the access stack);
-4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill: no check fails, and
-   each one moto cannot show says why;
-5. prod from dev's artifacts (``artifacts_from: dev``): ``python -m endpoint_client promote --from dev --to prod
-   --emulator moto`` writes prod's pins from what dev serves and step 4's report accepted (full references into
-   dev's repository, the archive in dev's bucket; refused at step 3, before any acceptance of those digests),
+4. ``python -m endpoint_client acceptance -c env=dev --emulator moto`` with a rollback drill (``--drill-fault
+   fail``): no check fails, and each one moto cannot show says why; the drill's faulty Model and EndpointConfig are
+   made, UpdateEndpoint is asked (moto has none: no DeploymentConfig runs, no alarm history is kept) and the drill
+   leaves nothing behind;
+5. prod from dev's artifacts (``artifacts_from: dev``; dev retains its artifacts, as it must once prod pins them):
+   ``python -m endpoint_client promote --from dev --to prod --emulator moto`` writes prod's pins from what dev serves
+   and step 4's report accepted (full references into dev's repository, the archive in dev's bucket, the report's
+   S3 version and sha256; refused at step 3, before any acceptance of those digests), tags the images so that
+   dev's lifecycle keeps them, and ``promote --verify`` finds prod's pins in that very report version,
    ``npx cdk deploy -c env=prod --all``: no build
    stack, every other stack CREATE_COMPLETE and protected, each endpoint InService on a Model naming dev's image
    digest and model data URL; then ``npx cdk destroy`` of prod's monitoring stack refused by its termination
@@ -48,7 +52,7 @@ from urllib.parse import unquote
 import boto3
 
 from deploy import emulator, iam_simulation
-from deploy.pins import image_digest, pinned_cdk_json
+from deploy.pins import image_digest, image_manifest, pinned_cdk_json
 from endpoint_client.deployment import SERVING, Served, served_by
 from stacks.config import execution_role_name
 
@@ -295,8 +299,10 @@ class Rehearsal:
             config_name, image = self.endpoint_images(endpoint_name)
             check(image.endswith("@" + image_digest(kind, 1)), f"{endpoint_name} runs {image}")
             first[kind] = config_name
+        self.push_builds(1)
 
         self.log("3. a pin change: diff, then deploy dev --all")
+        self.push_builds(2)
         self.write_app(generation=2)
         # As the pull-request workflow runs it: against the deployed templates (moto cannot delete a diff change set),
         # its calls recorded, then evaluated against the review role it runs with there.
@@ -334,6 +340,7 @@ class Rehearsal:
 
         self.log("5. prod from dev's artifacts: deploy prod --all, then termination protection refuses a destroy")
         self.promote()
+        self.verify_promoted()
         self.cdk("deploy", "-c", "env=prod", "--all", "--require-approval", "never")
         prod, stacks = self.stack_names("prod"), self.stacks()
         check("decision-prod-build" not in stacks and "decision-prod-build" not in prod,
@@ -463,6 +470,37 @@ class Rehearsal:
         self.log(f"  promote --from dev --to {target}: exit {done.returncode}: {output.strip().splitlines()[-1]}")
         return output
 
+    def push_builds(self, generation: int) -> None:
+        """What the image builds push into dev's repository (CodeBuild is not emulated): each kind's manifest of this
+        build, whose digest the pins name (deploy/pins.py), under its build tag. moto's SageMaker pulls nothing, but
+        promote tags what it promotes, in the repository."""
+        outputs = {o["OutputKey"]: o["OutputValue"] for o in self.stacks()["decision-dev-artifacts"]["Outputs"]}
+        repository = outputs["ImageRepositoryUri"].split("/", 1)[1]
+        ecr = self.client("ecr")
+        for kind, tag in (("cpu", "cpu-"), ("gpu", "gpu-"), ("text_generation", "textgen-")):
+            ecr.put_image(repositoryName=repository, imageManifest=image_manifest(kind, generation),
+                          imageManifestMediaType="application/vnd.docker.distribution.manifest.v2+json",
+                          imageTag=f"{tag}build{generation}", imageDigest=image_digest(kind, generation))
+
+    def verify_promoted(self, target: str = "prod") -> None:
+        """What promote wrote, before the target's deploy: ``promote --verify`` reads the recorded version of dev's
+        acceptance report again and finds the target's pins in it; dev's images carry the tag that keeps them."""
+        command = [sys.executable, "-m", "endpoint_client", "promote", "--from", "dev", "--to", target, "--verify",
+                   "--emulator", "moto", "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json")]
+        done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
+                              timeout=300)
+        output = done.stdout + done.stderr
+        check(done.returncode == 0, f"promote --verify exited {done.returncode}:\n{output[-4000:]}")
+        pins = json.loads((self.checkout / "cdk.json").read_text())["context"]["environments"][target]["pins"]
+        ecr = self.client("ecr")
+        for kind, image in pins["images"].items():
+            repository, _, digest = image.split("/", 1)[1].partition("@")
+            (details,) = ecr.describe_images(repositoryName=repository, imageIds=[{"imageDigest": digest}])[
+                "imageDetails"]
+            check(f"pinned-{digest.removeprefix('sha256:')}" in details.get("imageTags", []),
+                  f"{kind}: {image} is not tagged pinned-<digest> in dev's repository")
+        self.log(f"  promote --verify: {done.stdout.strip()}; dev's images tagged pinned-<digest>")
+
     def check_deployer_policy(self, *recordings: str) -> None:
         """Every call the CLI made with the caller's own credentials during the diff and the deploy: allowed by the
         deployed deployer policy (the bootstrap roles it assumed do the rest)."""
@@ -490,7 +528,7 @@ class Rehearsal:
     def accept(self) -> list[str]:
         command = [sys.executable, "-m", "endpoint_client", "acceptance", "-c", "env=dev", "--emulator", "moto",
                    "--endpoint-url", self.url, "--cdk-json", str(self.checkout / "cdk.json"), "--wait", "0",
-                   "--rollback-drill", "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]
+                   "--rollback-drill", "cpu", "--drill-fault", "fail"]
         done = subprocess.run(command, cwd=self.checkout, env=self.environment(), capture_output=True, text=True,
                               timeout=600)
         lines = done.stdout.strip().splitlines()
@@ -498,6 +536,13 @@ class Rehearsal:
         states = {line.split()[0] for line in lines[:-1]}
         check(states <= {"proved", "unprovable", "warn", "skipped"} and "unprovable" in states,
               f"acceptance reported {sorted(states)}:\n{done.stdout[-4000:]}")
+        # The drill as far as moto goes: its faulty Model (ADAPTER_DRILL=fail, which the adapter's tests run) and
+        # EndpointConfig made and sent to UpdateEndpoint, which moto lacks; nothing of it left behind.
+        (drill,) = [line for line in lines if line.split()[1:3] == ["rollback", "drill"]]
+        check(drill.startswith("unprovable") and "UpdateEndpoint" in drill and "ADAPTER_DRILL=fail" in drill,
+              f"the drill did not reach UpdateEndpoint: {drill}")
+        left = [m["ModelName"] for m in self.client("sagemaker").list_models()["Models"] if "-drill-" in m["ModelName"]]
+        check(not left, f"the drill left its Model behind: {left}")
         self.log(f"  {lines[-1]}")
         return lines
 

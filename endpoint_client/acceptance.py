@@ -20,11 +20,14 @@ still needs a real account"). Each line is one check:
    policy and key let CloudWatch publish. It notifies the topic's subscribers twice per alarm; the topic's
    subscriptions must be confirmed. Endpoints that are updating are skipped (a rollback alarm in ALARM would roll the
    update back);
-6. **rollback drill** (``--rollback-drill KIND`` only): the endpoint updated to a copy of its Model with
-   ``--drill-environment`` (and/or ``--drill-image``) applied, one that should answer errors, under its own
-   DeploymentConfig while requests are sent; reports whether SageMaker rolled back to the stack's EndpointConfig, and
-   the stack's and endpoint's final state. An update that is not rolled back is undone (UpdateEndpoint to the stack's
-   EndpointConfig) and fails the check; the drill's Model and EndpointConfig are deleted.
+6. **rollback drill** (``--rollback-drill KIND`` only): the endpoint updated to a copy of its Model made faulty
+   (``--drill-fault fail|slow``: the adapter's ``ADAPTER_DRILL``, a release that starts and passes its health check,
+   then fails every request or computes at half speed; or ``--drill-environment`` / ``--drill-image``), under its
+   own DeploymentConfig while requests are sent, each different so that the cache answers none. Proved only when
+   SageMaker rolled back to the stack's EndpointConfig *and* the history of one of the rollback alarms
+   (DescribeAlarmHistory) shows it going to ALARM during the drill; a rollback without one (the health check, say)
+   fails the check, naming SageMaker's reason. An update that is not rolled back is undone (UpdateEndpoint to the
+   stack's EndpointConfig) and fails the check; the drill's Model and EndpointConfig are deleted.
 
 7. **served**: each endpoint served the same EndpointConfig, image and model archive at the end of the checks as
    at their start (DescribeEndpoint -> EndpointConfig -> Model), so the report names what the checks saw.
@@ -63,6 +66,9 @@ from stacks.adapter_logs import metric_logs
 from stacks.config import ADAPTER_KINDS, EnvironmentConfig
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "Answer with one word: ready?"}], "max_tokens": 8}
+# The adapter's setting that makes a release faulty once it has started (container/decision_adapter/settings.py,
+# drill.py), and its faults.
+DRILL_SETTING, DRILL_FAULTS = "ADAPTER_DRILL", ("fail", "slow")
 # What moto cannot show, per check: the reason an emulator run reports instead of a verdict.
 ON_MOTO = {
     "invoke": "moto answers InvokeEndpoint with a canned body and runs no container",
@@ -73,6 +79,8 @@ ON_MOTO = {
     "alarm delivery": "moto's CloudWatch runs no alarm actions and keeps no alarm history",
     "rollback drill": "moto implements no UpdateEndpoint, so no DeploymentConfig runs",
 }
+# The reason acceptance's alarm delivery check gives set-alarm-state: its ALARM is no alarm's evaluation.
+OWN_REASON = "python -m endpoint_client acceptance"
 
 
 @dataclass(frozen=True)
@@ -291,7 +299,7 @@ class Acceptance:
     def deliver(self, cloudwatch: Any, alarm: str, topic: str) -> Result:
         set_at = datetime.now(timezone.utc) - timedelta(seconds=5)
         cloudwatch.set_alarm_state(AlarmName=alarm, StateValue="ALARM",
-                                   StateReason="python -m endpoint_client acceptance: a test of the notification")
+                                   StateReason=f"{OWN_REASON}: a test of the notification")
         try:
             (state,) = cloudwatch.describe_alarms(AlarmNames=[alarm])["MetricAlarms"]
             if state["StateValue"] != "ALARM":
@@ -307,14 +315,17 @@ class Acceptance:
                 return [i["HistorySummary"] for i in items if topic in i.get("HistorySummary", "")]
             summaries, elapsed = self.poll(actions)
         finally:
-            cloudwatch.set_alarm_state(AlarmName=alarm, StateValue="OK",
-                                       StateReason="python -m endpoint_client acceptance: the test is over")
+            cloudwatch.set_alarm_state(AlarmName=alarm, StateValue="OK", StateReason=f"{OWN_REASON}: the test is over")
         if not summaries:
             return self.missing("alarm delivery", alarm, f"no notification recorded within {elapsed:.0f} s")
         failed = [s for s in summaries if not s.startswith("Successfully")]
         return Result("failed" if failed else "proved", "alarm delivery", alarm, (failed or summaries)[0])
 
     def rollback_drill(self, kind: str, environment: dict[str, str], image: str | None) -> Result:
+        """Update the endpoint to a faulty copy of its Model under its own DeploymentConfig while requests are sent,
+        and judge what happened: proved only when SageMaker rolled back to the stack's EndpointConfig *and* one of
+        the rollback alarms went to ALARM during the drill (its history says so), so that a rollback on the health
+        check, or for any other reason, proves nothing about the alarms."""
         name = self.config.endpoint_name(kind)
         sagemaker = self.aws.client("sagemaker")
         endpoint = sagemaker.describe_endpoint(EndpointName=name)
@@ -330,12 +341,16 @@ class Acceptance:
         container["Environment"] = {**container.get("Environment", {}), **environment}
         if image:
             container["Image"] = image
+        fault = ", ".join([*(f"{k}={v}" for k, v in environment.items()), *([f"image {image}"] if image else [])])
         sagemaker.create_model(ModelName=drill, PrimaryContainer=container, ExecutionRoleArn=model["ExecutionRoleArn"],
                                EnableNetworkIsolation=model.get("EnableNetworkIsolation", False))
         copied = {key: config[key] for key in ("KmsKeyId",) if config.get(key)}
         sagemaker.create_endpoint_config(EndpointConfigName=drill, ProductionVariants=[{**_variant_input(variant),
                                          "ModelName": drill}], **copied)
         deployment = endpoint.get("LastDeploymentConfig")
+        rollback_alarms = [a["AlarmName"] for a in (deployment or {}).get("AutoRollbackConfiguration", {})
+                           .get("Alarms", [])] or [a["AlarmName"] for a in self.alarms_of(kind)]
+        began = datetime.now(timezone.utc) - timedelta(seconds=5)
         try:
             try:
                 sagemaker.update_endpoint(EndpointName=name, EndpointConfigName=drill, RetainAllVariantProperties=True,
@@ -344,40 +359,89 @@ class Acceptance:
                 if self.emulator:
                     why = error_code(error) if isinstance(error, ClientError) else type(error).__name__
                     return Result("unprovable", "rollback drill", name,
-                                  f"on {self.emulator}: {ON_MOTO['rollback drill']} (UpdateEndpoint: {why})")
+                                  f"on {self.emulator}: {ON_MOTO['rollback drill']} (UpdateEndpoint: {why}); the "
+                                  f"drill's Model {drill} ({fault}) and EndpointConfig were created")
                 raise
             final, answers = self._drive_update(name, kind)
+            ended = datetime.now(timezone.utc) + timedelta(seconds=5)
             stack = self.aws.client("cloudformation").describe_stacks(
                 StackName=self.config.endpoint_stack_name(kind))["Stacks"][0]["StackStatus"]
             state = f"endpoint {final['EndpointStatus']} on {final['EndpointConfigName']}, stack {stack}; " \
-                    f"{answers} request(s) sent during the update"
-            if final["EndpointConfigName"] == original:
-                reason = final.get("FailureReason") or "no reason given"
-                return Result("proved", "rollback drill", name, f"SageMaker rolled back ({reason}): {state}")
-            sagemaker.update_endpoint(EndpointName=name, EndpointConfigName=original, RetainAllVariantProperties=True)
-            return Result("failed", "rollback drill", name, f"not rolled back: {state}; UpdateEndpoint to {original} "
-                                                            f"restores the stack's configuration (started)")
+                    f"{answers} request(s) sent during the update of {fault}"
+            if final["EndpointConfigName"] != original:
+                sagemaker.update_endpoint(EndpointName=name, EndpointConfigName=original,
+                                          RetainAllVariantProperties=True)
+                return Result("failed", "rollback drill", name, f"not rolled back: {state}; UpdateEndpoint to "
+                                                                f"{original} restores the stack's configuration "
+                                                                f"(started)")
+            reason = final.get("FailureReason") or "no reason given"
+            try:
+                fired = self._alarms_fired(rollback_alarms, began, ended)
+            except (ClientError, BotoCoreError, NotImplementedError) as error:
+                why = error_code(error) if isinstance(error, ClientError) else type(error).__name__
+                if self.emulator:
+                    return Result("unprovable", "rollback drill", name, f"on {self.emulator}: rolled back ({reason}),"
+                                  f" but moto keeps no alarm history (DescribeAlarmHistory: {why}): {state}")
+                return Result("failed", "rollback drill", name, f"rolled back ({reason}), but the rollback alarms' "
+                                                                f"history cannot be read ({why}): {state}")
+            if fired:
+                alarm, at = fired[0]
+                return Result("proved", "rollback drill", name, f"SageMaker rolled back on the alarms: {alarm} went "
+                                                                f"to ALARM at {at} ({reason}): {state}")
+            return Result("failed", "rollback drill", name, f"rolled back for another reason ({reason}): none of "
+                          f"{', '.join(rollback_alarms)} went to ALARM between {began:%H:%M:%S} and {ended:%H:%M:%S} "
+                          f"UTC, so the drill proves nothing of the alarms (a release that fails its health check is "
+                          f"abandoned before traffic shifts): {state}")
         finally:
             self._delete_when_unused(sagemaker, name, drill)
 
+    def _alarms_fired(self, alarms: list[str], began: datetime, ended: datetime) -> list[tuple[str, str]]:
+        """(alarm, when) of each transition to ALARM in the alarms' history between ``began`` and ``ended``, set by
+        CloudWatch (not by acceptance's own set-alarm-state)."""
+        cloudwatch, fired = self.aws.client("cloudwatch"), []
+        for alarm in alarms:
+            pages = cloudwatch.get_paginator("describe_alarm_history").paginate(
+                AlarmName=alarm, HistoryItemType="StateUpdate", StartDate=began, EndDate=ended)
+            for item in (i for page in pages for i in page.get("AlarmHistoryItems", [])):
+                try:
+                    new = json.loads(item.get("HistoryData") or "{}").get("newState", {})
+                except ValueError:
+                    continue
+                if new.get("stateValue") == "ALARM" and not str(new.get("stateReason", "")).startswith(OWN_REASON):
+                    fired.append((alarm, item["Timestamp"].isoformat() if hasattr(item["Timestamp"], "isoformat")
+                                  else str(item["Timestamp"])))
+        return sorted(fired, key=lambda found: found[1])
+
     def _drive_update(self, name: str, kind: str) -> tuple[dict[str, Any], int]:
-        """Send requests while the endpoint updates, so that the drill's errors reach the rollback alarms."""
+        """Send requests while the endpoint updates, so that the drill's errors reach the rollback alarms. Each one
+        differs (a counter in its state or message), so that no answer comes from the state cache: every request
+        makes a job, which the drill's fault affects."""
         sagemaker = self.aws.client("sagemaker")
         runtime = self.aws.session.client("sagemaker-runtime", endpoint_url=self.aws.endpoint_url)
-        body = (self.examples / "support-route.json").read_bytes() if kind in ADAPTER_KINDS else \
-            json.dumps(CHAT_BODY).encode()
         answers, deadline = 0, self.clock() + 4 * 3600
         while self.clock() < deadline:
             description = sagemaker.describe_endpoint(EndpointName=name)
             if description["EndpointStatus"] not in ("Updating", "RollingBack", "SystemUpdating"):
                 return description, answers
             try:
-                runtime.invoke_endpoint(EndpointName=name, Body=body, ContentType="application/json")
+                runtime.invoke_endpoint(EndpointName=name, Body=self.drill_body(kind, answers),
+                                        ContentType="application/json")
             except (ClientError, BotoCoreError):
                 pass
             answers += 1
             self.sleep(2)
         return sagemaker.describe_endpoint(EndpointName=name), answers
+
+    def drill_body(self, kind: str, n: int) -> bytes:
+        """The drill's n-th request: the example decision (a chat completion on text generation), its state (its
+        message) ending with ``(drill request n)``."""
+        if kind in ADAPTER_KINDS:
+            body = json.loads((self.examples / "support-route.json").read_text())
+            body["decision"]["state"] = f"{body['decision']['state']} (drill request {n})"
+            return json.dumps(body).encode()
+        chat = json.loads(json.dumps(CHAT_BODY))
+        chat["messages"][0]["content"] += f" (drill request {n})"
+        return json.dumps(chat).encode()
 
     def _delete_when_unused(self, sagemaker: Any, name: str, drill: str) -> None:
         try:
@@ -435,16 +499,19 @@ def main(argv: Sequence[str]) -> int:
         prog="python -m endpoint_client acceptance",
         description="After a deploy: each endpoint answers, its log line and log metric appear, every alarm's metric "
                     "exists, storage is below its alarm, every alarm's notification reaches the topic, and (on "
-                    "request) SageMaker rolls back a release that answers errors.")
+                    "request) the rollback alarms roll back a release that fails once it has started.")
     add_common_arguments(parser)
     parser.add_argument("--emulator", choices=["moto"], help="report what the emulator cannot show as unprovable "
                                                               "(the deploy rehearsal)")
     parser.add_argument("--wait", type=float, default=300.0, metavar="SECONDS",
                         help="how long to wait for a log line, a metric or a notification (default 300)")
     parser.add_argument("--rollback-drill", choices=["cpu", "gpu", "text_generation"], metavar="KIND",
-                        help="update this endpoint to a copy of its model that answers errors and watch the rollback")
+                        help="update this endpoint to a faulty copy of its model and watch the rollback alarms roll "
+                             "it back")
+    parser.add_argument("--drill-fault", choices=DRILL_FAULTS, help="the adapter's drill fault (ADAPTER_DRILL): "
+                        "after a healthy start, fail every request (fail) or compute at half speed (slow)")
     parser.add_argument("--drill-environment", action="append", default=[], metavar="KEY=VALUE",
-                        help="the drill model's environment changes, e.g. ADAPTER_MODEL_DIR=/opt/ml/no-model")
+                        help="other changes to the drill model's environment")
     parser.add_argument("--drill-image", help="the drill model's image (default: the deployed one)")
     parser.add_argument("--report", type=Path, metavar="PATH",
                         help="also write the acceptance report (JSON) here; it always goes to the artifact bucket's "
@@ -455,9 +522,15 @@ def main(argv: Sequence[str]) -> int:
         drill = None
         if args.rollback_drill:
             environment = _pairs(args.drill_environment)
+            if args.drill_fault:
+                if args.rollback_drill not in ADAPTER_KINDS:
+                    raise CommandError(f"--drill-fault: the {args.rollback_drill} endpoint is not the adapter (no "
+                                       f"{DRILL_SETTING}); make its release faulty with --drill-image or "
+                                       f"--drill-environment")
+                environment[DRILL_SETTING] = args.drill_fault
             if not environment and not args.drill_image:
-                raise CommandError("--rollback-drill needs --drill-environment or --drill-image: what makes the "
-                                   "release answer errors")
+                raise CommandError("--rollback-drill needs --drill-fault (or --drill-environment, --drill-image): what "
+                                   "makes the release faulty once it has started")
             drill = (args.rollback_drill, environment, args.drill_image)
         config = load_config(args)
         aws = aws_for(args, config)

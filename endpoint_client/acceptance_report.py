@@ -17,8 +17,9 @@ its report too (``passed: false``), so the latest report is always the latest ru
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -67,10 +68,57 @@ def write_local(path: Path, report: Mapping[str, Any]) -> None:
 
 def read_latest(s3: Any, bucket: str, environment: str) -> dict[str, Any] | None:
     """The environment's latest report, or None when acceptance never wrote one there."""
+    found = read_latest_bytes(s3, bucket, environment)
+    return None if found is None else json.loads(found)
+
+
+def read_latest_bytes(s3: Any, bucket: str, environment: str) -> bytes | None:
     try:
-        body = s3.get_object(Bucket=bucket, Key=latest_key(environment))["Body"].read()
+        return s3.get_object(Bucket=bucket, Key=latest_key(environment))["Body"].read()
     except ClientError as error:
         if error_code(error) in ("NoSuchKey", "404"):
             return None
         raise
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One run's report object as promote records it in the target's pins (stacks/config.py, AcceptancePin): its
+    key, the S3 version that holds these bytes and their sha256. The bucket is versioned, so that version's bytes
+    never change; a report written again is a new version."""
+    bucket: str
+    key: str
+    version_id: str
+    sha256: str
+
+    def pin(self) -> dict[str, str]:
+        return {"bucket": self.bucket, "key": self.key, "version_id": self.version_id, "sha256": self.sha256}
+
+
+def record(s3: Any, bucket: str, latest: bytes) -> Recorded:
+    """The run object the latest report is a copy of (its key from its finished_at), by version; ValueError when it
+    is missing, differs from latest.json, or has no version (the bucket must be versioned)."""
+    report = json.loads(latest)
+    key = run_key(report["environment"], datetime.fromisoformat(report["finished_at"]))
+    try:
+        found = s3.get_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        raise ValueError(f"s3://{bucket}/{key}, the run latest.json copies, cannot be read: {error_code(error)}")
+    body, version = found["Body"].read(), found.get("VersionId")
+    if body != latest:
+        raise ValueError(f"s3://{bucket}/{key} is not what latest.json says (rewritten since?)")
+    if not version or version == "null":
+        raise ValueError(f"s3://{bucket}/{key} has no S3 version: the artifact bucket must be versioned (the "
+                         f"artifacts stack makes it so), or the report could be rewritten unseen")
+    return Recorded(bucket, key, version, hashlib.sha256(body).hexdigest())
+
+
+def read_recorded(s3: Any, pin: Any) -> dict[str, Any]:
+    """The report a target's pins recorded (``pin``: stacks.config.AcceptancePin), exactly that version; ValueError
+    when its bytes are not the recorded ones."""
+    body = s3.get_object(Bucket=pin.bucket, Key=pin.key, VersionId=pin.version_id)["Body"].read()
+    digest = hashlib.sha256(body).hexdigest()
+    if digest != pin.sha256:
+        raise ValueError(f"s3://{pin.bucket}/{pin.key} version {pin.version_id} has sha256 {digest}, not the "
+                         f"{pin.sha256} promote recorded")
     return json.loads(body)

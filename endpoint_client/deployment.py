@@ -107,6 +107,10 @@ def report_checks(command: str, args: argparse.Namespace,
     except (NoCredentialsError, PartialCredentialsError) as error:
         print(f"endpoint_client {command}: no AWS credentials: {error}", file=sys.stderr)
         return EXIT_CONFIGURATION
+    except ClientError as error:    # one line, never a traceback: what AWS refused, and its message
+        print(f"endpoint_client {command}: {error_code(error) or 'error'}: "
+              f"{error.response.get('Error', {}).get('Message', error)}", file=sys.stderr)
+        return EXIT_FAILED
     for check in checks:
         print(check.line())
     return EXIT_OK if all(passed(check) for check in checks) else EXIT_FAILED

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from botocore.exceptions import ClientError
 
-from endpoint_client.deployment import Aws, add_common_arguments, error_code, report_checks, stack_outputs
+from endpoint_client.deployment import (EXIT_FAILED, Aws, CommandError, add_common_arguments, error_code,
+                                        report_checks, stack_outputs)
 from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
 
 
@@ -73,10 +74,7 @@ class PinStatus:
 
 
 def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[PinStatus]:
-    outputs = stack_outputs(aws.client("cloudformation"), config.artifacts_stack_name,
-                            ["ArtifactBucketName", "ImageRepositoryUri"])
-    registry, _, repository = outputs["ImageRepositoryUri"].partition("/")
-    ecr = aws.client("ecr")
+    ecr, own = aws.client("ecr"), _OwnArtifacts(config, aws)
     statuses = []
     for kind in config.endpoints:
         image = getattr(config.pins.images, kind)
@@ -85,22 +83,80 @@ def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[Pi
             statuses.append(PinStatus(key, "not pinned", exists=True, protected=None,
                                       note=f"the {kind} endpoint stays out of the deployment"))
         elif image.repository is None:
-            statuses.append(_project_image(ecr, key, registry.split(".")[0], repository, image.digest, protect))
+            registry, _, repository = own.outputs["ImageRepositoryUri"].partition("/")
+            statuses.append(protect_project_image(ecr, key, registry.split(".")[0], repository, image.digest,
+                                                  protect))
         else:
-            details = _image_details(ecr, image.repository.account, image.repository.name, image.digest)
-            statuses.append(PinStatus(key, f"{image.repository.uri}@{image.digest}", exists=details is not None,
-                                      protected=None, note="another repository: its own lifecycle rules apply",
+            target = f"{image.repository.uri}@{image.digest}"
+            details = _readable(config, target, lambda: _image_details(ecr, image.repository.account,
+                                                                       image.repository.name, image.digest))
+            if config.artifacts_from is not None:
+                # The source's repository keeps an image its consumers pin only while it is tagged so (promote
+                # tags what it promotes): its lifecycle would expire it otherwise.
+                protected = details is not None and protective_tag(image.digest) in details.get("imageTags", [])
+                note = "" if protected or details is None else f"not tagged {protective_tag(image.digest)} in " \
+                    f"{config.artifacts_from}'s repository, whose lifecycle can expire it (promote tags what it " \
+                    f"promotes)"
+            else:
+                protected, note = None, "another repository: its own lifecycle rules apply"
+            statuses.append(PinStatus(key, target, exists=details is not None, protected=protected, note=note,
                                       media_type=details and details.get("imageManifestMediaType")))
     if config.pins.model is not None:
         # The pin's own bucket where it names one (the artifact source's, artifacts_from), else this environment's.
-        bucket, object_key = config.pins.model.bucket or outputs["ArtifactBucketName"], config.pins.model.s3_key
-        statuses.append(PinStatus(config.key("pins", "model"), f"s3://{bucket}/{object_key}",
-                                  exists=_object_exists(aws.client("s3"), bucket, object_key), protected=None))
+        bucket = config.pins.model.bucket or own.outputs["ArtifactBucketName"]
+        target = f"s3://{bucket}/{config.pins.model.s3_key}"
+        object_key = config.pins.model.s3_key
+        exists = _readable(config, target, lambda: _object_exists(aws.client("s3"), bucket, object_key))
+        statuses.append(PinStatus(config.key("pins", "model"), target, exists=exists, protected=None))
     return statuses
 
 
-def _project_image(ecr: Any, key: str, registry_id: str, repository: str, digest: str,
-                   protect: bool) -> PinStatus:
+class _OwnArtifacts:
+    """The environment's own artifacts stack's outputs, read only when a pin names its repository or bucket: an
+    environment whose pins all name another's (artifacts_from) can be checked with the other's credentials."""
+
+    def __init__(self, config: EnvironmentConfig, aws: Aws):
+        self.config, self.aws, self._outputs = config, aws, None
+
+    @property
+    def outputs(self) -> dict[str, str]:
+        if self._outputs is None:
+            self._outputs = stack_outputs(self.aws.client("cloudformation"), self.config.artifacts_stack_name,
+                                          ["ArtifactBucketName", "ImageRepositoryUri"])
+        return self._outputs
+
+
+DENIED = ("AccessDenied", "AccessDeniedException", "403", "UnauthorizedOperation")
+
+
+def source_operator(config: EnvironmentConfig) -> str:
+    """The operator policy that reads an environment's artifact source (its <prefix>-operator)."""
+    source = config.artifact_source
+    return f"{source.name_prefix}-operator" if source is not None and source.name_prefix else \
+        f"{config.artifacts_from}'s operator policy"
+
+
+def denied(error: ClientError) -> bool:
+    return error_code(error) in DENIED
+
+
+def _readable(config: EnvironmentConfig, target: str, read: Any) -> Any:
+    """``read()``; CommandError (EXIT_FAILED), one line naming the operator to use, when these credentials may not
+    read ``target`` (another account's artifacts admit only its consumers' execution roles)."""
+    try:
+        return read()
+    except ClientError as error:
+        if not denied(error) or config.artifacts_from is None:
+            raise
+        raise CommandError(f"{target}: {error_code(error)} with these credentials: {config.artifacts_from}'s "
+                           f"artifacts admit {config.name}'s execution roles, not its operator, where "
+                           f"{config.artifacts_from} is in another account; check them with {source_operator(config)} "
+                           f"(python -m endpoint_client check-pins -c env={config.name} with {config.artifacts_from}'s "
+                           f"credentials)", EXIT_FAILED) from None
+
+
+def protect_project_image(ecr: Any, key: str, registry_id: str, repository: str, digest: str,
+                          protect: bool) -> PinStatus:
     target = f"{repository}@{digest}"
     details = _image_details(ecr, registry_id, repository, digest)
     if details is None:

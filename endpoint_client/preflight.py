@@ -3,7 +3,10 @@
 Read-only; run it before ``npx cdk diff`` and ``npx cdk deploy``. Each line is one check:
 
 1. **pins**: as ``check-pins`` without ``--protect``: each listed endpoint's image exists as a Docker schema 2
-   manifest and is protected from lifecycle expiry, and the model archive exists.
+   manifest and is protected from lifecycle expiry, and the model archive exists; an environment pinned from
+   another (artifacts_from) also has its pins checked against the acceptance report promote recorded for them (as
+   ``promote --verify``). Where the source is in another account these credentials may not read its artifacts:
+   one failed line names the source's operator policy to check them with, and the other checks still run.
 2. **quota**: per instance type, the SageMaker Service Quota "<type> for endpoint usage" covers the most instances
    this environment's endpoints can hold at once (the largest fleet, ``max_instance_count``, plus what its update
    provisions beside it: a whole second fleet for blue/green, half the fleet for rolling; stacks/updates.py) plus
@@ -27,7 +30,8 @@ from typing import Any, Iterable, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from endpoint_client.deployment import EXIT_FAILED, Aws, CommandError, add_common_arguments, error_code, report_checks
-from endpoint_client.pins import check_pins
+from endpoint_client.pins import check_pins, denied, source_operator
+from endpoint_client.promote import verify_promoted
 from stacks import updates
 from stacks.config import EnvironmentConfig
 
@@ -212,8 +216,28 @@ def pin_checks(config: EnvironmentConfig, aws: Aws) -> list[Check]:
             for status in statuses]
 
 
+def acceptance_checks(config: EnvironmentConfig, aws: Aws) -> list[Check]:
+    """An environment pinned from another (artifacts_from): its pins against the acceptance report promote recorded
+    for them (promote --verify's check). Across accounts these credentials may not read the source's bucket: a
+    failed line naming the operator to use."""
+    if config.artifacts_from is None or config.pins.acceptance is None:
+        return []
+    subject = config.key("pins", "acceptance")
+    try:
+        return [Check("ok", subject, verify_promoted(config, aws.client("s3")))]
+    except CommandError as error:
+        return [Check("fail", subject, str(error))]
+    except ClientError as error:
+        if not denied(error):
+            return [Check("fail", subject, f"{error_code(error)}: the report cannot be read")]
+        return [Check("fail", subject, f"{error_code(error)} with these credentials: check it with "
+                                       f"{source_operator(config)}: python -m endpoint_client promote --verify --from "
+                                       f"{config.artifacts_from} --to {config.name}")]
+
+
 def preflight(config: EnvironmentConfig, aws: Aws) -> list[Check]:
-    return [*pin_checks(config, aws), *quota_checks(config, aws), *instance_type_checks(config, aws)]
+    return [*pin_checks(config, aws), *acceptance_checks(config, aws), *quota_checks(config, aws),
+            *instance_type_checks(config, aws)]
 
 
 def main(argv: Sequence[str]) -> int:

@@ -14,11 +14,21 @@ endpoint_client.acceptance_report). It refuses, changing nothing, unless:
 - the report was made on AWS, or, with ``--emulator moto`` (the deploy rehearsal), on moto: a run on an emulator,
   whose checks that need AWS are unprovable, accepts nothing on AWS.
 
+- the source retains its artifacts (``artifacts.removal_policy`` retain: stacks/config.py refuses the pins
+  otherwise), and each image can be protected in the source's repository: promote tags it ``pinned-<digest hex>``
+  (the tag check-pins --protect adds), which the repository's first lifecycle rule never expires; an image in
+  another repository, or one ECR refuses to tag, is refused;
+- the report can be recorded: its run's object (``acceptance/<source>/<UTC time>.json``, of which latest.json is a
+  copy) has an S3 version (the bucket is versioned).
+
 Then it writes the target's ``pins`` in cdk.json: ``images.<kind>`` as the full private ECR reference
-``<account>.dkr.ecr.<region>.amazonaws.com/<repository>@sha256:...`` and ``model`` as ``{"bucket": ...,
-"s3_key": "models/<pin>/<sha256>/model.tar.gz", "gguf_sha256": ...}``, every other byte of the file unchanged, and
-prints each change: the pull request's ``make diff`` then shows it. It reads only (the source account's
-credentials); cdk.json is local.
+``<account>.dkr.ecr.<region>.amazonaws.com/<repository>@sha256:...``, ``model`` as ``{"bucket": ...,
+"s3_key": "models/<pin>/<sha256>/model.tar.gz", "gguf_sha256": ...}`` and ``acceptance`` as the report's
+``{"bucket", "key", "version_id", "sha256"}``, every other byte of the file unchanged, and prints each change: the
+pull request's ``make diff`` then shows it. ``--verify`` changes nothing: it reads that very version again and
+checks that its bytes, its verdict and what it proved are still what the target's pins say (before a deploy of the
+target; ``preflight`` of the target does the same where its credentials can read the source's bucket). It reads
+and tags only (the source account's credentials); cdk.json is local.
 
 Exit codes: 0 the pins were written (or already named what was accepted), 1 refused, 2 bad arguments or cdk.json,
 4 no region or credentials.
@@ -39,6 +49,7 @@ from endpoint_client import acceptance_report
 from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK, Aws, CommandError,
                                         SERVING, Served, add_aws_arguments, aws_for, environment_of, error_code,
                                         served_by, stack_outputs)
+from endpoint_client.pins import protect_project_image, protective_tag
 from stacks.config import ENDPOINT_KINDS, EnvironmentConfig, ImagePins, ModelPin
 
 
@@ -85,10 +96,12 @@ def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws, *,
     if changing:
         raise CommandError("; ".join(changing) + f": promote only what an endpoint in service serves (once it is "
                            f"{SERVING}, run acceptance -c env={source.name} again)", EXIT_FAILED)
-    bucket = stack_outputs(aws.client("cloudformation"), source.artifacts_stack_name,
-                           ["ArtifactBucketName"])["ArtifactBucketName"]
+    outputs = stack_outputs(aws.client("cloudformation"), source.artifacts_stack_name,
+                            ["ArtifactBucketName", "ImageRepositoryUri"])
+    bucket = outputs["ArtifactBucketName"]
     where = f"s3://{bucket}/{acceptance_report.latest_key(source.name)}"
-    report = acceptance_report.read_latest(aws.client("s3"), bucket, source.name)
+    latest = acceptance_report.read_latest_bytes(aws.client("s3"), bucket, source.name)
+    report = None if latest is None else json.loads(latest)
     if report is None:
         raise CommandError(f"{source.name} has no acceptance report ({where}): run python -m endpoint_client "
                            f"acceptance -c env={source.name}; it serves {_serving(served)}", EXIT_FAILED)
@@ -113,8 +126,43 @@ def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws, *,
         raise CommandError(f"{source.name}'s latest acceptance report ({where}, {report.get('finished_at')}) is not "
                            f"for what it serves now: " + "; ".join(unproven) +
                            f" (run python -m endpoint_client acceptance -c env={source.name})", EXIT_FAILED)
-    return {"images": {kind: _image_pin(kind, found) for kind, found in served.items()},
+    pins = {"images": {kind: _image_pin(kind, found) for kind, found in served.items()},
             "model": _model_pin(source, served)}
+    if not source.artifacts.retain:
+        raise CommandError(f"environments.{source.name}.artifacts.removal_policy is {source.artifacts.removal_policy}: "
+                           f"`cdk destroy -c env={source.name}` would delete what the pins would name; set it to "
+                           f"retain and deploy {source.artifacts_stack_name} first", EXIT_FAILED)
+    _protect(aws, outputs["ImageRepositoryUri"], served)
+    try:
+        recorded = acceptance_report.record(aws.client("s3"), bucket, latest)
+    except ValueError as error:
+        raise CommandError(f"{source.name}'s latest acceptance report cannot be recorded: {error}", EXIT_FAILED) \
+            from None
+    return {**pins, "acceptance": recorded.pin()}
+
+
+def _protect(aws: Aws, repository_uri: str, served: Mapping[str, Served]) -> None:
+    """Tag each promoted image pinned-<digest hex> in the source's repository, so that its lifecycle rules never
+    expire it (stacks/artifacts_stack.py); CommandError (EXIT_FAILED) for an image that cannot be protected so: in
+    another repository, not a Docker manifest SageMaker pulls, or a tag ECR refuses."""
+    registry, _, repository = repository_uri.partition("/")
+    ecr, problems = aws.client("ecr"), []
+    for kind, found in served.items():
+        image_repository, _, digest = found.image.partition("@")
+        if image_repository != repository_uri:
+            problems.append(f"{kind}: {found.image} is not in {repository_uri}, whose lifecycle promote can make "
+                            f"keep it")
+            continue
+        try:
+            status = protect_project_image(ecr, kind, registry.split(".")[0], repository, digest, protect=True)
+        except ClientError as error:
+            problems.append(f"{kind}: {found.image} cannot be tagged {protective_tag(digest)}: {error_code(error)}")
+            continue
+        if not status.ok:
+            problems.append(f"{kind}: {found.image} is {status.state} ({status.line()})")
+    if problems:
+        raise CommandError("; ".join(problems) + ": only images the source's lifecycle keeps are promoted",
+                           EXIT_FAILED)
 
 
 def _serving(served: Mapping[str, Served]) -> str:
@@ -174,6 +222,10 @@ def with_pins(text: str, cdk_json: dict[str, Any], target: str, pins: Mapping[st
     if current.get("model") != pins["model"]:
         changes.append(f"{key}.model: {json.dumps(current.get('model'))} -> {json.dumps(pins['model'])}")
         current["model"] = dict(pins["model"])
+    if "acceptance" in pins and current.get("acceptance") != pins["acceptance"]:
+        changes.append(f"{key}.acceptance: {json.dumps(current.get('acceptance'))} -> "
+                       f"{json.dumps(pins['acceptance'])}")
+        current["acceptance"] = dict(pins["acceptance"])
     return dumped(cdk_json), changes
 
 
@@ -199,6 +251,62 @@ def promote(cdk_json_path: Path, source_name: str, target: str, aws_for_source: 
     return changes
 
 
+def verify_promoted(target: EnvironmentConfig, s3: Any, *, emulator: str | None = None) -> str:
+    """Check a target's pins against the acceptance report promote recorded for them (pins.acceptance): exactly that
+    S3 version, whose bytes still have the recorded sha256, passed, made by the source (on AWS, or on ``emulator``),
+    and naming, for each endpoint the target pins, the very image and model archive pinned. Returns what was
+    verified; CommandError (EXIT_FAILED) naming what differs. ClientError is the caller's to report."""
+    pin, source = target.pins.acceptance, target.artifacts_from
+    if source is None or pin is None:
+        raise CommandError(f"{target.key('pins', 'acceptance')} is not set: nothing promoted to verify "
+                           f"({target.key('artifacts_from')} is {json.dumps(source)})", EXIT_FAILED)
+    where = f"s3://{pin.bucket}/{pin.key} (version {pin.version_id})"
+    try:
+        report = acceptance_report.read_recorded(s3, pin)
+    except ValueError as error:
+        raise CommandError(f"{error}: the report was changed after promote recorded it", EXIT_FAILED) from None
+    problems = []
+    if report.get("passed") is not True:
+        problems.append("it did not pass")
+    if report.get("environment") != source:
+        problems.append(f"it is {report.get('environment')}'s, not {source}'s")
+    if report.get("emulator") != emulator:
+        problems.append(f"it was made {'on ' + report['emulator'] if report.get('emulator') else 'on AWS'}")
+    model = target.pins.model
+    for kind in target.endpoints:
+        image = getattr(target.pins.images, kind)
+        if image is None:
+            continue
+        proved = report.get("endpoints", {}).get(kind) or {}
+        pinned = f"{image.repository.uri}@{image.digest}" if image.repository else image.digest
+        if proved.get("image") != pinned:
+            problems.append(f"{target.key('pins', 'images', kind)} is {pinned}, but it proved {proved.get('image')}")
+        archive = f"s3://{model.bucket}/{model.s3_key}" if model is not None else None
+        if proved.get("model_data_url") != archive:
+            problems.append(f"{target.key('pins', 'model')} is {archive}, but it proved {kind} with "
+                            f"{proved.get('model_data_url')}")
+    if problems:
+        raise CommandError(f"{target.name}'s pins do not stand on the acceptance report they were promoted on, "
+                           f"{where}: " + "; ".join(problems), EXIT_FAILED)
+    return f"{target.name}'s pins are what {where} accepted ({report.get('finished_at')}, sha256 {pin.sha256[:12]}...)"
+
+
+def verify(cdk_json_path: Path, source_name: str, target_name: str,
+           aws_for_source: Callable[[EnvironmentConfig], Aws], *, emulator: str | None = None) -> str:
+    """``promote --verify``: the target's pins in cdk_json_path against the report they were promoted on, read with
+    the source's credentials; changes nothing."""
+    try:
+        cdk_json = json.loads(cdk_json_path.read_text())
+    except (OSError, ValueError) as error:
+        raise CommandError(f"cannot read {cdk_json_path}: {error}") from None
+    target = environment_of(cdk_json, target_name, cdk_json_path)
+    if target.artifacts_from != source_name:
+        raise CommandError(f"{target.key('artifacts_from')} is {json.dumps(target.artifacts_from)}, not "
+                           f"\"{source_name}\"")
+    source = environment_of(cdk_json, source_name, cdk_json_path)
+    return verify_promoted(target, aws_for_source(source).client("s3"), emulator=emulator)
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m endpoint_client promote",
@@ -212,9 +320,16 @@ def main(argv: Sequence[str]) -> int:
     add_aws_arguments(parser)  # --region: the source's (it reads only the source)
     parser.add_argument("--emulator", choices=["moto"], help="promote on this emulator, from a report that "
                                                               "acceptance --emulator made there (the deploy rehearsal)")
+    parser.add_argument("--verify", action="store_true", help="change nothing: check --to's pins against the "
+                        "acceptance report they were promoted on (its recorded S3 version and sha256), before a "
+                        "deploy of --to")
     args = parser.parse_args(argv)
     report = lambda message: print(f"endpoint_client promote: {message}", file=sys.stderr)  # noqa: E731
     try:
+        if args.verify:
+            print(verify(args.cdk_json, args.source, args.target, lambda source: aws_for(args, source),
+                         emulator=args.emulator))
+            return EXIT_OK
         changes = promote(args.cdk_json, args.source, args.target, lambda source: aws_for(args, source),
                           emulator=args.emulator)
     except CommandError as error:

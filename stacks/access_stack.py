@@ -55,8 +55,9 @@ WILDCARD_REASONS = {
     "RollbackDrill": "acceptance --rollback-drill names its Model and EndpointConfig <endpoint>-drill-<UTC time>, "
                      "a new name per drill, of this environment's endpoints only.",
     "GrantVolumeKeysToSageMaker": "The endpoints' volume keys have generated ids; the grant is limited to keys "
-                                  "tagged with this project and environment, requested through SageMaker, for an "
-                                  "AWS resource.",
+                                  "tagged with this project and environment, requested through SageMaker.",
+    "UpdateToEnvironmentConfigs": "The stacks' EndpointConfigs have names CloudFormation generates; the statement is "
+                                  "limited to EndpointConfigs tagged with this project and environment.",
     "DescribeAlarms": "cloudwatch:DescribeAlarms with a name prefix is authorized on every alarm of the account, "
                       "not on the names it returns (read only).",
     "TestAlarmDelivery": "acceptance sets each alarm of this environment's endpoints (named <endpoint>-<alarm>) "
@@ -150,22 +151,29 @@ class AccessStack(cdk.Stack):
             # The stacks' Models have generated names: this environment's carry its tags.
             iam.PolicyStatement(sid="DescribeEnvironmentModels", actions=["sagemaker:DescribeModel"],
                                 resources=[self._arn("sagemaker", "model", "*")], conditions=self.tagged),
-            # The rollback drill's copy of a Model and its EndpointConfig, named <endpoint>-drill-<time>.
+            # The rollback drill's copy of a Model and its EndpointConfig, named <endpoint>-drill-<time>; UpdateEndpoint
+            # is authorized on the endpoint (OperateEndpoints) and on the configuration it activates (here).
             iam.PolicyStatement(sid="RollbackDrill", actions=[
                 "sagemaker:CreateModel", "sagemaker:DeleteModel", "sagemaker:CreateEndpointConfig",
-                "sagemaker:DeleteEndpointConfig"], resources=[
+                "sagemaker:DeleteEndpointConfig", "sagemaker:UpdateEndpoint"], resources=[
                 self._arn("sagemaker", kind, name) for kind in ("model", "endpoint-config") for name in drills]),
+            # The drill's undo activates the stack's own EndpointConfig again (a generated name: this environment's
+            # carry its tags).
+            iam.PolicyStatement(sid="UpdateToEnvironmentConfigs", actions=["sagemaker:UpdateEndpoint"],
+                                resources=[self._arn("sagemaker", "endpoint-config", "*")], conditions=self.tagged),
             # CreateModel passes the endpoint's own execution role to SageMaker, and no other role.
             iam.PolicyStatement(sid="PassExecutionRoles", actions=["iam:PassRole"], resources=[
                 self._arn("iam", "role", config.execution_role_name(kind), region=False) for kind in kinds],
                 conditions={"StringEquals": {"iam:PassedToService": SAGEMAKER_SERVICE}}),
-            # An EndpointConfig with a volume key: SageMaker creates a grant on it with the caller's rights when the
-            # endpoint is updated to it (the drill, and the undo). Only for SageMaker, only on this environment's keys.
+            # An EndpointConfig with a volume key: SageMaker creates a grant on it with the caller's rights when an
+            # endpoint is created or updated to it (the drill, and the undo; not when the config is created). Only
+            # through SageMaker, only on this environment's keys. No kms:GrantIsForAWSResource: AWS does not say that
+            # SageMaker sets it (the KMS guide listed EBS, RDS, Redshift and ACM), and requiring it could deny the
+            # drill; acceptance's drill shows the grant on a real account (docs/deploy.md).
             iam.PolicyStatement(sid="GrantVolumeKeysToSageMaker", actions=["kms:CreateGrant"],
                                 resources=[self._arn("kms", "key", "*")], conditions={
                                     "StringEquals": {**self.tagged["StringEquals"],
-                                                     "kms:ViaService": f"sagemaker.{self.region}.amazonaws.com"},
-                                    "Bool": {"kms:GrantIsForAWSResource": "true"}}),
+                                                     "kms:ViaService": f"sagemaker.{self.region}.amazonaws.com"}}),
             # acceptance reads every alarm (DescribeAlarms authorizes no name prefix) and tests the delivery of this
             # environment's: each set to ALARM and back, and its history read.
             iam.PolicyStatement(sid="DescribeAlarms", actions=["cloudwatch:DescribeAlarms"],
@@ -187,14 +195,20 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="Preflight", actions=[
                 "servicequotas:ListServiceQuotas", "servicequotas:ListAWSDefaultServiceQuotas",
                 "application-autoscaling:DescribeScalableTargets"], resources=["*"]),
-            # acceptance's report (convention 4 of issue 33): written by acceptance, read by promote.
-            iam.PolicyStatement(sid="AcceptanceReports", actions=["s3:PutObject", "s3:GetObject"],
+            # acceptance's report (convention 4 of issue 33): written by acceptance, read by promote (and by
+            # promote --verify, one version of it).
+            iam.PolicyStatement(sid="AcceptanceReports", actions=["s3:PutObject", "s3:GetObject",
+                                                                  "s3:GetObjectVersion"],
                                 resources=[self._bucket_objects(f"{ACCEPTANCE_PREFIX}{config.name}/")]),
         ]
         archives = self._model_archives()
+        report = self._promoted_report()
         if archives:
-            statements.insert(1, iam.PolicyStatement(sid="CheckModelArchives", actions=["s3:GetObject"],
-                                                     resources=archives))
+            # check-pins (and preflight): the archive; where pinned from another environment, preflight also reads
+            # the very version of the acceptance report the pins were promoted on.
+            statements.insert(1, iam.PolicyStatement(
+                sid="CheckModelArchives", actions=["s3:GetObject", *(["s3:GetObjectVersion"] if report else [])],
+                resources=[*archives, *report]))
         others = sorted({image.repository.arn for kind in config.endpoints
                          if (image := getattr(config.pins.images, kind)) is not None and image.repository is not None})
         if others:
@@ -213,6 +227,11 @@ class AccessStack(cdk.Stack):
                                     resources=["*"]),
             ]
         return statements
+
+    def _promoted_report(self) -> list[str]:
+        """The acceptance report this environment's pins were promoted on (pins.acceptance), in its source's bucket."""
+        pin = self.config.pins.acceptance
+        return [] if pin is None else [f"arn:{cdk.Aws.PARTITION}:s3:::{pin.bucket}/{pin.key}"]
 
     def _model_archives(self) -> list[str]:
         """What check-pins reads of the model archive: the builds' prefix of this environment's bucket; or, where

@@ -12,7 +12,9 @@ the artifacts (``EnvironmentConfig.retain_logs``): a retained log group whose ke
 
 Where other environments of cdk.json take their artifacts from this one (their ``artifacts_from``), the repository
 policy and the bucket policy let exactly those environments' endpoint execution roles pull the images and read
-the model archives (``models/``), in the same account or another.
+the model archives (``models/``), in the same account or another; the repository policy also names SageMaker's
+service principal for those accounts (``aws:SourceAccount``), which CreateModel's validation of a cross-account
+image looks for.
 
 Every value another stack imports is exported explicitly (``export_value``), so that the export stays whether or
 not any stack imports it at the moment: CloudFormation refuses to remove an export that a stack still imports, and
@@ -163,10 +165,17 @@ class ArtifactsStack(cdk.Stack):
             roles = [f"arn:{cdk.Aws.PARTITION}:iam::{account}:role/{name}" for name in consumer.execution_role_names]
             only_its_execution_roles = {"ArnEquals": {"aws:PrincipalArn": roles}}
             sid = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", consumer.name))
+            pull = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
             self.repository.add_to_resource_policy(iam.PolicyStatement(
-                sid=f"{sid}EndpointsPullImages", principals=[iam.AccountPrincipal(account)],
-                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+                sid=f"{sid}EndpointsPullImages", principals=[iam.AccountPrincipal(account)], actions=pull,
                 conditions=only_its_execution_roles))
+            # SageMaker's CreateModel validates an image in another account's repository against the repository
+            # policy's grant to its service principal (aws/deep-learning-containers#5657: "does not grant ... to
+            # sagemaker.amazonaws.com service principal"); the grant holds only for SageMaker acting for the
+            # consumer's account (aws:SourceAccount), and the pull itself still needs the statement above.
+            self.repository.add_to_resource_policy(iam.PolicyStatement(
+                sid=f"{sid}SageMakerPullsImages", principals=[iam.ServicePrincipal("sagemaker.amazonaws.com")],
+                actions=pull, conditions={"StringEquals": {"aws:SourceAccount": account}}))
             self.bucket.add_to_resource_policy(iam.PolicyStatement(
                 sid=f"{sid}EndpointsReadModelArchives", principals=[iam.AccountPrincipal(account)],
                 actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{MODEL_PREFIX}*")],

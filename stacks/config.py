@@ -435,9 +435,30 @@ class ModelPin(_Settings):
         return self
 
 
+_ACCEPTANCE_KEY = re.compile(r"^acceptance/[a-z0-9_-]{1,64}/[0-9]{8}T[0-9]{6}Z\.json$")
+_VERSION_ID = re.compile(r"^[A-Za-z0-9._-]{1,1024}$")
+
+
+class AcceptancePin(_Settings):
+    """The acceptance report an environment's pins were promoted on (artifacts_from): one run's object in the
+    source's artifact bucket, by its S3 version and the sha256 of its bytes. A version is never rewritten (the bucket
+    is versioned; a new write makes a new version), so ``promote --verify`` and ``preflight`` read exactly the
+    report promote trusted, and find whether it still says what the pins say."""
+    bucket: Text(_BUCKET_NAME, "an S3 bucket name (3 to 63 characters of a-z, 0-9, '.' and '-')")
+    key: Text(_ACCEPTANCE_KEY, "a report's key, acceptance/<environment>/<UTC time>.json (promote writes it)")
+    version_id: Text(_VERSION_ID, "an S3 version id (promote writes it)")
+    sha256: Sha256Hex
+
+
 class Pins(_Settings):
     images: ImagePins
     model: ModelPin | None = None
+    # With artifacts_from: the source's acceptance report these pins were promoted on (promote writes it).
+    acceptance: AcceptancePin | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.model is not None or any(getattr(self.images, kind) is not None for kind in ENDPOINT_KINDS)
 
 
 def _model_pin_name(value: Any, info: ValidationInfo) -> str:
@@ -532,6 +553,7 @@ class ArtifactSource(_Settings):
     account: str | None
     region: str | None
     model_pin: str               # its build.model_pin: what an unpinned consumer's endpoints are sized for
+    name_prefix: str = ""        # whose operator policy (<prefix>-operator) reads its artifacts and reports
 
 
 class ArtifactConsumer(_Settings):
@@ -653,9 +675,9 @@ class EnvironmentConfig(_Settings):
     def _artifact_problems(self) -> list:
         """Build here, or deploy another environment's builds (artifacts_from) by their full references."""
         if self.artifacts_from is None:
-            return [] if self.build is not None else [(("build",), f"is required unless "
-                                                       f"{self.key('artifacts_from')} names the environment whose "
-                                                       f"builds this one deploys", None)]
+            return self._acceptance_problems() + ([] if self.build is not None else [(
+                ("build",), f"is required unless {self.key('artifacts_from')} names the environment whose builds "
+                f"this one deploys", None)])
         source, source_key = self.artifacts_from, self.key("artifacts_from")
         problems = []
         if self.build is not None:
@@ -675,7 +697,21 @@ class EnvironmentConfig(_Settings):
             problems.append((("pins", "model", "bucket"), f"is required because {source_key} is "
                              f"{source!r} (this environment builds no model archive): {how}, {source}'s artifact "
                              f"bucket beside s3_key", None))
+        problems += self._acceptance_problems()
         return problems
+
+    def _acceptance_problems(self) -> list:
+        """Pins taken from another environment come with the acceptance report they were promoted on."""
+        if self.artifacts_from is None:
+            return [] if self.pins.acceptance is None else [(("pins", "acceptance"), "is set, but this environment "
+                                                            "builds its own artifacts: only pins promoted from "
+                                                            "another environment (artifacts_from) have one", None)]
+        if self.pins.pinned and self.pins.acceptance is None:
+            return [(("pins", "acceptance"), f"is required because these pins name {self.artifacts_from}'s "
+                     f"artifacts: `python -m endpoint_client promote --from {self.artifacts_from} --to {self.name}` "
+                     f"writes the pins with the acceptance report (its S3 version and sha256) that accepted them, "
+                     f"which preflight and promote --verify check again before a deploy", None)]
+        return []
 
     @property
     def model_pin_name(self) -> str:
@@ -782,8 +818,11 @@ def _artifact_source(environments: Mapping[str, Any],
     name = config.artifacts_from
     source = ArtifactSource(
         name=name, account=_named(environments, name, "account"), region=_named(environments, name, "region"),
-        model_pin=str(_get(environments[name], "build", "model_pin")))
+        model_pin=str(_get(environments[name], "build", "model_pin")),
+        name_prefix=str(_get(environments[name], "name_prefix", default="")))
     problems = []
+    if config.pins.pinned and not _retains(environments[name]):
+        problems.append(_destroyable(name, config.name))
     if source.region is not None and config.region is not None and source.region != config.region:
         # SageMaker pulls an image from ECR in the endpoint's region only. A model archive could be read across
         # regions, but one source region for both keeps the pull simple (and free of inter-region transfer).
@@ -827,12 +866,37 @@ def _artifact_consumers(environments: Mapping[str, Any],
             kinds = []
         if found["name_prefix"] is None:
             problems.append(f"environments.{name}.name_prefix: is required (its artifacts_from names {config.name})")
+        if _pins_something(data) and not config.artifacts.retain:
+            problems.append(_destroyable(config.name, name))
         if problems:
             continue
         consumers.append(ArtifactConsumer(
             name=name, account=found["account"] or config.account, region=found["region"] or config.region,
             name_prefix=found["name_prefix"], endpoint_kinds=tuple(dict.fromkeys(kinds))))
     return tuple(consumers), problems
+
+
+def _retains(data: Any) -> bool:
+    return _get(data, "artifacts", "removal_policy") == "retain"
+
+
+def _pins_something(data: Any) -> bool:
+    """Whether an environment's cdk.json pins name any image or model (raw: before validation)."""
+    pins = _get(data, "pins", default={})
+    images = _get(pins, "images", default={})
+    return _get(pins, "model") is not None or (isinstance(images, Mapping) and
+                                               any(value is not None for value in images.values()))
+
+
+def _destroyable(source: str, consumer: str) -> str:
+    """The problem of a source whose artifacts a consumer pins while `cdk destroy` of the source would delete them
+    (the repository's lifecycle is not one: its first rule never expires an image tagged pinned-<digest>, and
+    promote tags what it promotes)."""
+    return (f"environments.{source}.artifacts.removal_policy: is not 'retain', but environments.{consumer}.pins "
+            f"name {source}'s images and model archive (its artifacts_from is {source!r}): `cdk destroy -c "
+            f"env={source}` would delete them from under {consumer} (a scale-out, an instance replacement or a "
+            f"rollback could no longer pull). Set it to 'retain' (with {source}'s account and region) and deploy "
+            f"{source}'s artifacts stack before promoting")
 
 
 def _get(data: Any, *keys: str, default: Any = None) -> Any:

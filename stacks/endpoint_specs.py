@@ -23,6 +23,15 @@ trips on load while one above it can never fire; the text-generation endpoint's 
 max_tokens, and it logs nothing per output token. Busy 503s and utilization mean load; they notify, and scaling
 reacts to them. Every rollback alarm decides within the bake (its periods, CloudWatch's publishing delay of its
 metrics and one evaluation, checked here), and its threshold is one the metric can reach (``ceiling``).
+
+Under CloudWatch's publishing delay the newest minutes of a metric are missing when an alarm is evaluated. So no
+alarm fills missing data into a datapoint (``FILL``: the newest minute would always read the filler, and a
+"3 of 3" alarm could never see three breaches in a row; plain arithmetic and comparisons between series already
+read a missing value as 0 where the other series has one), and each alarm is M out of N, its N covering the periods
+that may not be published yet (``AlarmSpec.unpublished_periods``): CloudWatch evaluates the newest N datapoints that
+exist, so M published breaches always lie among them. An alarm that compares namespaces which lag differently
+(SageMaker's 5xx against the adapter's busy count) can read a breach in the newest minutes while one namespace is
+in and the other is not: its M exceeds those minutes by two, so neither load alone nor one bad minute fires it.
 SageMaker's metrics cannot tell the new fleet from the old during an update (both are the variant AllTraffic; the
 InstanceType dimension only separates pools), so the alarms watch the variant: with all traffic shifted at once
 that is the new fleet, and a canary's share of the traffic is at least 1/max_instance_count, which is why the
@@ -133,13 +142,33 @@ class AlarmSpec:
     comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
 
     @property
+    def period_s(self) -> int:
+        return max(int(m.period.to_seconds()) for m in _metrics_of(self.metric))
+
+    @property
+    def delay_s(self) -> int:
+        """The publishing delay of its slowest metric."""
+        return max(PUBLISHING_DELAY_S[_namespace_family(m.namespace)] for m in _metrics_of(self.metric))
+
+    @property
+    def unpublished_periods(self) -> int:
+        """The newest periods that may still be missing (or partly published) when the alarm is evaluated."""
+        return math.ceil(self.delay_s / self.period_s)
+
+    @property
+    def skewed_periods(self) -> int:
+        """The newest periods in which one namespace's data may be in and another's not (an alarm reading several
+        namespace families: either may be published at once, the other up to its delay later)."""
+        families = {_namespace_family(m.namespace) for m in _metrics_of(self.metric)}
+        return self.unpublished_periods if len(families) > 1 else 0
+
+    @property
     def window_s(self) -> int:
-        """The longest a breach can take to put the alarm in ALARM: its evaluation periods, the publishing delay of
-        its slowest metric, and one evaluation."""
-        metrics = _metrics_of(self.metric)
-        period = max(int(m.period.to_seconds()) for m in metrics)
-        delay = max(PUBLISHING_DELAY_S[_namespace_family(m.namespace)] for m in metrics)
-        return self.evaluation_periods * period + delay + ALARM_EVALUATION_S
+        """The longest a breach can take to put the alarm in ALARM: up to one period until the first whole period
+        of the fault, its DatapointsToAlarm periods, the publishing delay of its slowest metric, and one evaluation
+        (its N periods cover the unpublished ones, so those M published breaches are among the datapoints CloudWatch
+        evaluates)."""
+        return self.period_s + self.datapoints_to_alarm * self.period_s + self.delay_s + ALARM_EVALUATION_S
 
 
 def _metrics_of(metric: cloudwatch.IMetric) -> list[cloudwatch.Metric]:
@@ -306,6 +335,14 @@ def _check_rollback_windows(config: EnvironmentConfig, kind: str, alarms: tuple[
     is above what its metric can reach never fires."""
     problems = [f"{config.key(kind)}: the rollback alarm {a.construct_id} needs up to {a.window_s} s to fire, more "
                 f"than the {deployment.bake_s} s bake" for a in alarms if a.rolls_back and a.window_s > deployment.bake_s]
+    problems += [f"{config.key(kind)}: the alarm {a.construct_id} evaluates {a.evaluation_periods} periods for "
+                 f"{a.datapoints_to_alarm} breaches, fewer than those plus the {a.unpublished_periods} its metrics may "
+                 f"not have published yet: it could miss its breaches" for a in alarms
+                 if a.evaluation_periods < a.datapoints_to_alarm + a.unpublished_periods]
+    problems += [f"{config.key(kind)}: the rollback alarm {a.construct_id} fires on {a.datapoints_to_alarm} breaches, "
+                 f"but its namespaces can disagree in {a.skewed_periods} periods: load alone, or one bad minute, could "
+                 f"fire it" for a in alarms if a.rolls_back and a.skewed_periods
+                 and a.datapoints_to_alarm < a.skewed_periods + 2]
     problems += [f"{config.key(kind)}: the alarm {a.construct_id}'s threshold {a.threshold:g} is not below the most "
                  f"its metric can reach ({a.ceiling:g})" for a in alarms if a.ceiling is not None
                  and a.threshold >= a.ceiling]
@@ -368,8 +405,8 @@ class VariantSeries:
     pools each pool's own series too (dimension InstanceType), because a pooled variant may publish only those.
     ``expression`` reads whichever exist: for a sum (counts), the larger of the variant's and the pools' total
     (equal where both are published); for a maximum or an average, the largest of them all. Minutes without any
-    series read nothing (an alarm treats them as not breaching). It is one term (a name or a MAX), so it needs no
-    parentheses inside a larger expression."""
+    series read nothing (an alarm treats them as not breaching; no FILL, see the module's text). It is one term (a
+    name or a MAX), so it needs no parentheses inside a larger expression."""
     prefix: str
     metrics: dict[str, cloudwatch.Metric]
     pooled: bool
@@ -380,8 +417,8 @@ class VariantSeries:
         if not self.pooled:
             return self.prefix
         pools = [name for name in self.metrics if name != self.prefix]
-        if self.statistic == "Sum":
-            return f"MAX([FILL({self.prefix}, 0), {' + '.join(f'FILL({p}, 0)' for p in pools)}])"
+        if self.statistic == "Sum":   # a sum of series reads a missing one as 0 where another has a value
+            return f"MAX([{self.prefix}, {' + '.join(pools)}])"
         return f"MAX([{', '.join(self.metrics)}])"
 
 
@@ -412,6 +449,22 @@ def latency_metric(endpoint_name: str) -> cloudwatch.Metric:
     return _invocations(endpoint_name, "ModelLatency", statistic="p99")
 
 
+def _m_of_n(metric: cloudwatch.IMetric, breaches: int) -> tuple[int, int]:
+    """(EvaluationPeriods, DatapointsToAlarm) of an alarm on ``metric`` that needs ``breaches`` breaching periods:
+    N covers the periods its metrics may not have published yet; where its namespaces can disagree in the newest
+    periods (they lag differently), at least two breaches beyond those (module's text)."""
+    probe = AlarmSpec("probe", "", metric, 0, 1, 1, rolls_back=False, ceiling=None)
+    m = max(breaches, probe.skewed_periods + 2) if probe.skewed_periods else breaches
+    return m + probe.unpublished_periods, m
+
+
+def _alarm(construct_id: str, description: str, metric: cloudwatch.IMetric, threshold: float, breaches: int, *,
+           rolls_back: bool, ceiling: float | None) -> AlarmSpec:
+    evaluation_periods, datapoints = _m_of_n(metric, breaches)
+    return AlarmSpec(construct_id, description, metric, threshold, evaluation_periods, datapoints,
+                     rolls_back=rolls_back, ceiling=ceiling)
+
+
 def _alarms(endpoint_name: str, variant: Variant, utilization: tuple[str, str, float, float, str], *,
             adapter_namespace: str | None, slow_release_ms_per_token: int | None) -> tuple[AlarmSpec, ...]:
     one_minute, five_minutes = Duration.minutes(1), Duration.minutes(5)
@@ -424,15 +477,16 @@ def _alarms(endpoint_name: str, variant: Variant, utilization: tuple[str, str, f
                              lambda t: _invocations(endpoint_name, "Invocation5XXErrors", instance_type=t))
     if adapter_namespace is not None:
         # SageMaker counts every 5xx the container answers, the adapter's busy 503s included: its admission
-        # refusals mean load and are subtracted (the BusyResponses log metric; no data in a minute without log
-        # lines: FILL with 0), its deadline misses are faults of the release and stay counted (metric_logs). The
-        # requests the adapter logged are the denominator, or the 5xx where more (SageMaker answers 5xx the
-        # container never saw): one series instead of the invocations of every dimension set keeps a pooled
-        # variant's expression within CloudWatch's 10 metrics.
+        # refusals mean load and are subtracted (the BusyResponses log metric), its deadline misses are faults of
+        # the release and stay counted (metric_logs). The requests the adapter logged are the denominator, or the
+        # 5xx where more (SageMaker answers 5xx the container never saw): one series instead of the invocations of
+        # every dimension set keeps a pooled variant's expression within CloudWatch's 10 metrics. No FILL: a
+        # comparison or a difference between series reads the one missing as 0, and a minute with neither reads
+        # nothing. While SageMaker's minute is in and the log metrics' not yet, the busy 503s read as faults: the
+        # alarm's M exceeds those minutes (_m_of_n).
         errors_sum = errors.expression
         fault_rate = cloudwatch.MathExpression(
-            expression=f"IF({errors_sum} > FILL(busy, 0), 100 * ({errors_sum} - FILL(busy, 0)) / "
-                       f"MAX([FILL(requests, 0), {errors_sum}]), 0)",
+            expression=f"IF({errors_sum} > busy, 100 * ({errors_sum} - busy) / MAX([requests, {errors_sum}]), 0)",
             label="5xx but busy 503 per request (%)", period=one_minute,
             using_metrics={**errors.metrics, "busy": adapter(metric_logs.BUSY_RESPONSES),
                            "requests": adapter(metric_logs.REQUESTS)})
@@ -445,52 +499,59 @@ def _alarms(endpoint_name: str, variant: Variant, utilization: tuple[str, str, f
             label="5xx per invocation (%)", period=one_minute, using_metrics={**errors.metrics, **invocations.metrics})
         faults = "5xx"
     utilization_id, utilization_metric, utilization_threshold, utilization_ceiling, utilization_text = utilization
+    rate_periods = _m_of_n(fault_rate, 3)
     alarms = [
-        AlarmSpec("Invocation5xxRate", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of invocations answered "
-                  f"{faults} in 3 consecutive minutes", fault_rate, ERROR_RATE_PERCENT, 3, 3, rolls_back=True,
-                  ceiling=100),
+        _alarm("Invocation5xxRate", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of invocations answered "
+               f"{faults} in {rate_periods[1]} of {rate_periods[0]} minutes", fault_rate, ERROR_RATE_PERCENT, 3,
+               rolls_back=True, ceiling=100),
     ]
     if adapter_namespace is not None:
+        # The log metrics exist (0 where no line matched) in every minute with any log line: no FILL (see above).
         busy_rate = cloudwatch.MathExpression(
-            expression="IF(requests > 0, 100 * FILL(busy, 0) / requests, 0)", label="busy 503 per request (%)",
+            expression="IF(requests > 0, 100 * busy / requests, 0)", label="busy 503 per request (%)",
             period=one_minute, using_metrics={"busy": adapter(metric_logs.BUSY_RESPONSES),
                                               "requests": adapter(metric_logs.REQUESTS)})
-        # Requests with a scoring failure per request: one bad request fails one minute, never three in a row.
+        # Requests with a scoring failure per request: one bad request fails one minute, never three.
         failure_rate = cloudwatch.MathExpression(
-            expression="IF(FILL(failed, 0) > 0 AND requests > 0, 100 * FILL(failed, 0) / requests, 0)",
+            expression="IF(requests > 0, 100 * failed / requests, 0)",
             label="requests with a scoring failure per request (%)", period=one_minute,
             using_metrics={"failed": adapter(metric_logs.FAILED_REQUESTS), "requests": adapter(metric_logs.REQUESTS)})
         # Every job's own compute per evaluated token (milliseconds), summed per minute, deadline misses included:
         # what the release computes at, whatever the load (metric_logs); minutes without such jobs read 0.
         compute = cloudwatch.MathExpression(
-            expression="IF(FILL(tokens, 0) > 0, 1000 * FILL(compute, 0) / tokens, 0)",
+            expression="IF(tokens > 0, 1000 * compute / tokens, 0)",
             label="compute per evaluated token (ms)", period=one_minute,
             using_metrics={"compute": adapter(metric_logs.COMPUTE_SECONDS),
                            "tokens": adapter(metric_logs.EVALUATED_TOKENS)})
+        busy_periods, failure_periods, compute_periods = (_m_of_n(m, n) for m, n in
+                                                          ((busy_rate, 5), (failure_rate, 3), (compute, 3)))
         alarms += [
             # Load, not a fault of a new version: it alerts, it never rolls an update back.
-            AlarmSpec("BusyRate", f"{endpoint_name}: the adapter refused more than {BUSY_RATE_PERCENT} % of requests "
-                      "at admission (busy 503) for 5 minutes (scaling does not keep up)", busy_rate,
-                      BUSY_RATE_PERCENT, 5, 5, rolls_back=False, ceiling=100),
-            AlarmSpec("ScoringFailures", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of requests had a "
-                      "'scoring failed' (a 500) in 3 consecutive minutes", failure_rate, ERROR_RATE_PERCENT, 3, 3,
-                      rolls_back=True, ceiling=100),
-            AlarmSpec("SlowCompute", f"{endpoint_name}: jobs computed more than {slow_release_ms_per_token} ms per "
-                      f"evaluated token in 3 consecutive minutes ({sizing.SLOW_RELEASE_FACTOR:g}x the speed derived "
-                      "for the slowest instance type, stacks/sizing.py): a slow release", compute,
-                      slow_release_ms_per_token, 3, 3, rolls_back=True, ceiling=None),
+            _alarm("BusyRate", f"{endpoint_name}: the adapter refused more than {BUSY_RATE_PERCENT} % of requests at "
+                   f"admission (busy 503) in {busy_periods[1]} of {busy_periods[0]} minutes (scaling does not keep "
+                   "up)", busy_rate, BUSY_RATE_PERCENT, 5, rolls_back=False, ceiling=100),
+            _alarm("ScoringFailures", f"{endpoint_name}: more than {ERROR_RATE_PERCENT} % of requests had a "
+                   f"'scoring failed' (a 500) in {failure_periods[1]} of {failure_periods[0]} minutes", failure_rate,
+                   ERROR_RATE_PERCENT, 3, rolls_back=True, ceiling=100),
+            _alarm("SlowCompute", f"{endpoint_name}: jobs computed more than {slow_release_ms_per_token} ms per "
+                   f"evaluated token in {compute_periods[1]} of {compute_periods[0]} minutes "
+                   f"({sizing.SLOW_RELEASE_FACTOR:g}x the speed derived for the slowest instance type, "
+                   "stacks/sizing.py): a slow release", compute, slow_release_ms_per_token, 3, rolls_back=True,
+                   ceiling=None),
         ]
+    utilization_metric = _instance_metric(endpoint_name, variant, utilization_metric, "Average", five_minutes)
+    memory = _instance_metric(endpoint_name, variant, "MemoryUtilization", "Maximum", one_minute)
+    disk = _instance_metric(endpoint_name, variant, "DiskUtilization", "Maximum", one_minute)
+    memory_periods, disk_periods = _m_of_n(memory, 3), _m_of_n(disk, 1)
     alarms += [
         # Load, not a fault of a new version: it alerts, it does not roll an update back.
-        AlarmSpec(utilization_id, f"{endpoint_name}: {utilization_text}",
-                  _instance_metric(endpoint_name, variant, utilization_metric, "Average", five_minutes),
-                  utilization_threshold, 3, 3, rolls_back=False, ceiling=utilization_ceiling),
+        _alarm(utilization_id, f"{endpoint_name}: {utilization_text}", utilization_metric, utilization_threshold, 3,
+               rolls_back=False, ceiling=utilization_ceiling),
         # One-minute periods: the rollback copies of the instance metrics must decide within the bake.
-        AlarmSpec("MemoryUtilization", f"{endpoint_name}: an instance's memory more than {MEMORY_PERCENT} % used for "
-                  "3 minutes", _instance_metric(endpoint_name, variant, "MemoryUtilization", "Maximum", one_minute),
-                  MEMORY_PERCENT, 3, 3, rolls_back=True, ceiling=100),
-        AlarmSpec("DiskUtilization", f"{endpoint_name}: an instance's disk is more than {DISK_PERCENT} % full",
-                  _instance_metric(endpoint_name, variant, "DiskUtilization", "Maximum", one_minute), DISK_PERCENT,
-                  1, 1, rolls_back=True, ceiling=100),
+        _alarm("MemoryUtilization", f"{endpoint_name}: an instance's memory more than {MEMORY_PERCENT} % used in "
+               f"{memory_periods[1]} of {memory_periods[0]} minutes", memory, MEMORY_PERCENT, 3, rolls_back=True,
+               ceiling=100),
+        _alarm("DiskUtilization", f"{endpoint_name}: an instance's disk more than {DISK_PERCENT} % full in "
+               f"{disk_periods[1]} of {disk_periods[0]} minutes", disk, DISK_PERCENT, 1, rolls_back=True, ceiling=100),
     ]
     return tuple(alarms)

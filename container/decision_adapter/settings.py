@@ -147,9 +147,8 @@ class Settings:
         "ADAPTER_DEPLOYMENT", "realtime", "How the container is deployed, which sets every request's deadline and "
         "budget: realtime (an endpoint: ADAPTER_REQUEST_TIMEOUT_S and the token budget for every request, JSON lines "
         "included) or transform (a Batch Transform job: every request is a mini-batch answered within 90% of "
-        "ADAPTER_BATCH_TIMEOUT_S, without the token budget). A transform is recognised however it was started: "
-        "SAGEMAKER_BATCH=true, which SageMaker sets in every Batch Transform container, makes it transform whatever "
-        "this says, and so does a call of /execution-parameters, which SageMaker makes only in a transform.")
+        "ADAPTER_BATCH_TIMEOUT_S, without the token budget). SAGEMAKER_BATCH=true, which SageMaker sets in every "
+        "Batch Transform container, makes it transform whatever this says; nothing a request sends changes it.")
     queue_depth: int = setting("ADAPTER_QUEUE_DEPTH", 16,
                                "Requests that may be read and wait for the model at once; more get 503 before "
                                "their body is read.", ge=1, le=1024)
@@ -176,6 +175,13 @@ class Settings:
                                    "ADAPTER_DEPLOYMENT=transform every request is one unit of work answered within "
                                    "90% of it; /execution-parameters says MULTI_RECORD where a mini-batch of the body "
                                    "limit fills half of that at the measured speed.", ge=1, le=3600)
+
+    # Rollback drill (python -m endpoint_client acceptance --rollback-drill; docs/deploy.md)
+    drill: Literal["off", "fail", "slow"] = setting(
+        "ADAPTER_DRILL", "off", "Makes this container a faulty release for a rollback drill, once start-up is done (the "
+        "start-up probe passes, so /ping answers 200 and SageMaker shifts traffic to it): fail (every job that "
+        "reaches the engine fails, answered 500 'scoring failed' and logged as a scoring failure) or slow (every "
+        "decode step takes twice its time, and a job's compute time says so). off in any real deployment.")
 
     # Access
     api_key: str = setting("ADAPTER_API_KEY", "",

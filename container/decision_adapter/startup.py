@@ -3,7 +3,7 @@ decision model and score a probe through it; and the readiness it reaches.
 
 ``/ping`` reads ``Readiness`` only; it never loads anything itself.
 
-may import from the package: engine, decisions, settings, errors
+may import from the package: engine, decisions, settings, errors, drill
 never imports: flask, werkzeug, gunicorn, llama_cpp
 """
 
@@ -26,6 +26,7 @@ from .decisions.model import (DecisionModel, Limits, ModelIncompatible, Question
                               prompt_layout)
 from .decisions.model_files import ModelFilesError, find_gguf, verify
 from .decisions.prompt import DEFAULT_STYLE, STYLES, state_segment
+from .drill import DrillRunner
 from .engine.scheduler import Scheduler
 from .errors import InputError
 from .settings import Settings
@@ -126,7 +127,9 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                    "threads": settings.threads, "gpu_layers": settings.gpu_layers,
                    "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
                    "layout": engine.layout}
-        scheduler = Scheduler(engine.runner, queue_tokens=settings.queue_tokens)
+        # A rollback drill's faulty release (ADAPTER_DRILL) is armed once the probe passed: it starts as any does.
+        drill = DrillRunner(engine.runner, settings.drill) if settings.drill != "off" else None
+        scheduler = Scheduler(drill or engine.runner, queue_tokens=settings.queue_tokens)
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
                               served_id=settings.model_id.strip(), layout=layout, calibration=calibration,
@@ -134,6 +137,9 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                               default_strength=settings.debias_strength, default_floor=settings.debias_floor,
                               owns_engine=owns_engine, decision=decision)
         probe(model)
+        if drill is not None:
+            drill.arm()
+            log.warning("ADAPTER_DRILL=%s: this container is a faulty release for a rollback drill", settings.drill)
     except BaseException:
         if scheduler is not None:
             scheduler.stop()

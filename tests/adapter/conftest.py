@@ -87,12 +87,8 @@ def app(settings: Settings, engine):
 
 @pytest.fixture
 def client(app):
-    """A client of the session's app, which each test finds an endpoint's: a test that asks /execution-parameters
-    makes the app a transform (as SageMaker's call does), and that ends with the test."""
-    state = app.extensions["decision_adapter"]
-    state.execution_parameters_asked = False
-    yield app.test_client()
-    state.execution_parameters_asked = False
+    """A client of the session's app."""
+    return app.test_client()
 
 
 @pytest.fixture

@@ -285,16 +285,15 @@ def test_without_sagemakers_batch_variable_the_setting_decides():
     assert Settings.from_env({"ADAPTER_DEPLOYMENT": "transform"}).deployment == "transform"
 
 
-def test_a_transform_started_without_the_setting_is_recognised_by_its_execution_parameters_call(blocked, example):
-    """SageMaker calls /execution-parameters only in a Batch Transform: after it, a mini-batch has the transform's
-    budget (here 0.9 x 30 s, where the endpoint's 0.5 s would refuse it), and running out of it fails the
-    mini-batch rather than leaving an error line."""
-    app, engine, _ = blocked(request_timeout_s=0.5, batch_timeout_s=30)
+def test_execution_parameters_change_nothing_outside_a_transform(blocked, example):
+    """Only the deployment makes a container a transform (ADAPTER_DEPLOYMENT, or SageMaker's SAGEMAKER_BATCH): after
+    any number of GET /execution-parameters an endpoint's request still has the endpoint's deadline (0.5 s here,
+    which refuses it), not a transform's budget, and the route needs the API key where one is set."""
+    app, engine, release = blocked(request_timeout_s=0.5, batch_timeout_s=30, api_key="sesame")
     engine.on_score = lambda: time.sleep(1.0)
     client = app.test_client()
-    assert client.post("/invocations", json=example).status_code == 503, "an endpoint's deadline first"
-
-    assert client.get("/execution-parameters").status_code == 200
-    response = client.post("/invocations", json=example)
-    assert response.status_code == 200, response.get_json()
-    assert app.extensions["decision_adapter"].in_transform
+    key = {"Authorization": "Bearer sesame"}
+    assert client.get("/execution-parameters").status_code == 401
+    assert client.get("/execution-parameters", headers=key).status_code == 200
+    assert client.post("/invocations", json=example, headers=key).status_code == 503, "still the endpoint's deadline"
+    assert not app.extensions["decision_adapter"].in_transform

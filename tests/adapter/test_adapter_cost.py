@@ -129,9 +129,28 @@ def test_the_optimistic_estimate_is_at_most_half_and_follows_the_record():
     work = Work(1, 2, 1000, 10**6)
     model.learn(work, 4.0, None)
     assert model.fastest(work) == pytest.approx(MARGIN * model.seconds(work))
-    model.learn(work, 1.0, 4.0)  # a job ran four times faster than foreseen
-    assert model.fastest(work) == pytest.approx(0.25 * model.seconds(work))
-    assert model.errors() == [0.25]
+    model.learn(work, 1.0, 4.0)  # a job ran four times faster than foreseen: one ratio alone decides nothing
+    assert model.fastest(work) == pytest.approx(MARGIN * model.seconds(work))
+    model.learn(work, 1.2, 4.0)  # and another, about as fast: the record shows it
+    assert model.fastest(work) == pytest.approx(0.3 * model.seconds(work))
+    assert model.errors() == [0.25, 0.3]
+
+
+def test_one_overestimated_job_does_not_make_the_bound_lenient():
+    """The start-up probe's second job is foreseen from the first's fixed costs and runs far faster than foreseen
+    (ratio 0.02 here); then jobs run as foreseen. The bound stays at half the estimate, so a request that cannot fit
+    is still refused at once (the lowest ratio alone would put it at 0.02x: nothing would ever be too large)."""
+    model = CostModel()
+    small, large = Work(1, 1, 30, 500), Work(1, 4, 2000, 2 * 10**6)
+    model.learn(small, 0.05, None)
+    model.learn(large, 0.4, 20.0)
+    for _ in range(30):
+        model.learn(large, model.seconds(large), model.seconds(large))
+    assert min(model.errors()) == pytest.approx(0.02)
+    assert model.fastest(large) == pytest.approx(MARGIN * model.seconds(large))
+    for _ in range(2):   # two more overestimates among 33 jobs: still below the 10 % quantile
+        model.learn(large, 0.1 * model.seconds(large), model.seconds(large))
+    assert model.fastest(large) == pytest.approx(MARGIN * model.seconds(large))
 
 
 def test_nothing_is_foreseen_before_a_job_ran_and_no_work_costs_nothing():

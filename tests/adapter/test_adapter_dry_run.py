@@ -304,3 +304,29 @@ def test_a_dry_run_record_in_a_batch_gets_its_line(client, example):
 def test_x_dry_run_false_is_a_real_request(client, example):
     assert "result" in post(client, "/invocations", {**example, "x_dry_run": False}).get_json()
     assert "answers" in post(client, "/v1/systemone", {**system_one("s"), "x_dry_run": False}).get_json()
+
+
+def test_a_dry_run_answers_within_sagemakers_response_limit(client):
+    """Hundreds of orderings of one long state: their texts would make more than SageMaker's 6 MB real-time
+    response (each prompt holds the whole state). The answer keeps 1 MiB of prompt details, in the request's order,
+    and says how many prompts it left them out of; every prompt's tokens are still there."""
+    sentence = "Ticket 4711: the customer says the March invoice charged the annual plan twice, and asks why. "
+    long_state = sentence * 330
+    options = [{"id": f"q{i}"} for i in range(16)]
+    body = {"decisions": [{"id": f"d{n}", "state": long_state, "question": f"Which queue ({n})?", "options": options,
+                           "permutations": 16} for n in range(14)], "x_dry_run": True}
+    response = post(client, "/invocations", body)
+    assert response.status_code == 200, response.get_json()
+    report = response.get_json()["dry_run"]
+    entries = [p for d in report["decisions"] for p in d["prompts"]]
+    assert len(entries) * len(long_state) > 6_000_000, "the texts alone would not fit"
+    assert len(response.data) < 2 * 1024 * 1024 < 6_000_000
+    shown = [p for p in entries if p["text"] is not None]
+    assert shown and report["prompts_omitted"] == len(entries) - len(shown) > 0
+    assert entries[:len(shown)] == shown, "the details are the first prompts'"
+    assert all(p["options"] is None for p in entries[len(shown):])
+    first = report["decisions"][0]
+    if all(p["text"] is not None for p in first["prompts"]):
+        texts = [p["text"] for p in first["prompts"]]
+        assert hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest() == first["prompt_sha256"]
+    assert sum(p["tokens"] for p in entries) == report["prompt_tokens"]

@@ -241,9 +241,13 @@ def test_a_configured_key_guards_invocations_whatever_the_body(keyed_client, pat
         assert response.headers["WWW-Authenticate"] == "Bearer"
 
 
-def test_health_and_discovery_routes_need_no_key(keyed_client):
-    for path in ("/ping", "/execution-parameters", "/openapi.json"):
+def test_health_and_discovery_routes_need_no_key_but_execution_parameters_do(keyed_client):
+    """/execution-parameters is Batch Transform's call (a transform sets no key); where a key is set, it needs it
+    like the scoring routes do."""
+    for path in ("/ping", "/openapi.json"):
         assert keyed_client.get(path).status_code == 200, path
+    assert keyed_client.get("/execution-parameters").status_code == 401
+    assert keyed_client.get("/execution-parameters", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
 def long_words(n: int, seed: int) -> str:

@@ -69,8 +69,12 @@ def context_for(env: str, *, pinned: bool = True, edit=None) -> dict[str, Any]:
     context = copy.deepcopy(cdk_json_context())
     environment = context["environments"][env]
     if pinned:
-        # An environment with artifacts_from (prod) gets the source's pins by full reference (deploy/pins.py).
-        environment["pins"] = test_pins.pins_in(context["environments"], env)
+        # An environment with artifacts_from (prod) gets the source's pins by full reference (deploy/pins.py), and
+        # its source retains them, as stacks/config.py requires once they are pinned.
+        if environment.get("artifacts_from"):
+            test_pins.promote_into(context["environments"], env, locate=False)
+        else:
+            environment["pins"] = test_pins.pins_in(context["environments"], env)
         environment["review"]["github_repository"] = environment["review"]["github_repository"] or \
             test_pins.EXAMPLE_REPOSITORY
     if test_pins.needs_location(environment):

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import botocore.session
 from botocore import xform_name
 
+from deploy import service_authorization
 from deploy.iam_simulation import Deployment, Request
 
 ECR_PUSH = ("ecr:BatchCheckLayerAvailability", "ecr:InitiateLayerUpload", "ecr:UploadLayerPart",
@@ -209,6 +210,8 @@ def requests_of_operation(operation: Operation, *, partition: str = "aws") -> li
         raise ValueError(f"{source}: only S3 operations are mapped")
     action = S3_ACTIONS.get(operation.name, f"s3:{operation.name}")
     params = operation.params
+    if action == "s3:GetObject" and params.get("VersionId"):
+        action = "s3:GetObjectVersion"     # a read of one version is authorized as such (S3's actions table)
     if "Key" in params:
         return [Request(action, f"arn:{partition}:s3:::{params['Bucket']}/{params['Key']}", source=source)]
     context = {"s3:prefix": params["Prefix"]} if "Prefix" in params else {}
@@ -297,40 +300,31 @@ def transform_requests(deployment: Deployment, bucket: str, plan_request: dict[s
 
 # botocore's service names whose IAM prefix differs.
 IAM_PREFIXES = {"sagemaker-runtime": "sagemaker", "service-quotas": "servicequotas"}
-# Operations that authorize no single resource (the Service Authorization Reference lists no resource type, or
-# a list call authorized on every resource of its type): their resource.
-UNSCOPED = {
-    ("sagemaker", "ListEndpoints"): "*", ("cloudwatch", "ListMetrics"): "*",
-    ("cloudwatch", "GetMetricStatistics"): "*", ("service-quotas", "ListServiceQuotas"): "*",
-    ("service-quotas", "ListAWSDefaultServiceQuotas"): "*",
-    ("application-autoscaling", "DescribeScalableTargets"): "*", ("logs", "DescribeLogGroups"): "*",
-}
-# SageMaker operations: (resource type, the parameter that names it). SageMaker's ARNs hold names in lower case.
-SAGEMAKER_RESOURCES = {
-    "DescribeEndpoint": ("endpoint", "EndpointName"), "UpdateEndpoint": ("endpoint", "EndpointName"),
-    "InvokeEndpoint": ("endpoint", "EndpointName"),
-    "DescribeEndpointConfig": ("endpoint-config", "EndpointConfigName"),
-    "CreateEndpointConfig": ("endpoint-config", "EndpointConfigName"),
-    "DeleteEndpointConfig": ("endpoint-config", "EndpointConfigName"),
-    "DescribeModel": ("model", "ModelName"), "CreateModel": ("model", "ModelName"),
-    "DeleteModel": ("model", "ModelName"),
-    "CreateTransformJob": ("transform-job", "TransformJobName"),
-    "DescribeTransformJob": ("transform-job", "TransformJobName"),
-}
+# Variables of the Service Authorization Reference's ARN formats that a service's parameters name otherwise than
+# the format does (the rest are the parameter of the same name): {(service, variable): parameter}.
+ARN_PARAMETERS = {("ecr", "RepositoryName"): "repositoryName", ("ecr", "Account"): "registryId",
+                  ("logs", "LogGroupName"): "logGroupName"}
+# The Endpoint's configuration an UpdateEndpoint or CreateEndpoint activates is named by its EndpointConfigName.
+ACTIVATES_CONFIG = ("CreateEndpoint", "UpdateEndpoint")
 
 
 class ApiRequests:
-    """The IAM requests of recorded boto3 operations, with what the services authorize besides the operation with
-    the caller's rights (SageMaker's documented dependent actions):
+    """The IAM requests of recorded boto3 operations: the operation's own action on every resource type the
+    Service Authorization Reference authorizes it on (deploy/service_authorization.py, the simulator's own data:
+    UpdateEndpoint on the endpoint and on the endpoint configuration; ``*`` where the action has no resource-level
+    permissions), each ARN made from the operation's parameters, and what the services authorize besides with the
+    caller's rights (SageMaker's documented dependent actions):
 
     - CreateModel passes its ExecutionRoleArn to SageMaker: ``iam:PassRole`` with ``iam:PassedToService``;
     - a Create* with Tags tags the new resource: ``sagemaker:AddTags`` on it;
-    - an EndpointConfig with a KmsKeyId: SageMaker creates a grant on that key with the caller's rights when the
-      config is created and when an endpoint is updated to it (``kms:CreateGrant`` through SageMaker, for an AWS
-      resource).
+    - CreateEndpoint and UpdateEndpoint to an EndpointConfig with a KmsKeyId: SageMaker creates a grant on that key
+      with the caller's rights (``kms:CreateGrant`` through SageMaker; CreateEndpointConfig itself needs none, AWS's
+      SageMaker API permissions reference). Whether SageMaker's grant says ``kms:GrantIsForAWSResource`` is not
+      documented: the request carries only what is (``kms:ViaService``), and a policy that requires more denies it.
 
     ``tags_of(arn)`` gives a resource's tags (``aws:ResourceTag/...``), ``config_keys`` the KmsKeyId of the
-    EndpointConfigs that exist before the calls (those created during them are added)."""
+    EndpointConfigs that exist before the calls (those created during them are added). An operation whose resource
+    a parameter cannot name is refused (add its parameter to ARN_PARAMETERS)."""
 
     def __init__(self, *, account: str, region: str, partition: str = "aws",
                  tags_of: Callable[[str], dict[str, str]] = lambda arn: {},
@@ -345,46 +339,94 @@ class ApiRequests:
         tagged = {f"aws:ResourceTag/{k}": v for k, v in self.tags_of(resource).items()} if resource != "*" else {}
         return Request(action, resource, {**tagged, **(context or {})}, source=source)
 
+    def resources(self, operation: Operation, action: str) -> list[str]:
+        """Every ARN the action is authorized on for this operation: one per required resource type (per alarm
+        where it names several), the optional ones its parameters name, else ``*``."""
+        service, params = IAM_PREFIXES.get(operation.service, operation.service), operation.params
+        found = []
+        for resource_type in service_authorization.resource_types(action):
+            values = {"Partition": self.partition, "Region": self.region, "Account": self.account}
+            for variable in resource_type.variables:
+                parameter = ARN_PARAMETERS.get((service, variable), variable)
+                if parameter in params:
+                    values[variable] = params[parameter]
+            if service == "cloudformation":
+                values["Id"] = "00000000-0000-0000-0000-000000000000"   # a stack's generated id
+            if service == "sns" and "TopicArn" in params:
+                values["TopicName"] = params["TopicArn"].rsplit(":", 1)[1]
+            names = [values]
+            if service == "cloudwatch" and "AlarmName" in resource_type.variables:
+                listed = params.get("AlarmNames") or ([params["AlarmName"]] if "AlarmName" in params else [])
+                names = [{**values, "AlarmName": name} for name in listed] or [{**values, "AlarmName": "*"}]
+            missing = [v for v in resource_type.variables if v not in names[0]]
+            if missing:
+                if resource_type.required:
+                    raise ValueError(f"boto3 {operation.service}.{operation.name}: no parameter names the "
+                                     f"{resource_type.name} ({', '.join(missing)}) that {action} is authorized on; "
+                                     f"add it to tests/cdk/role_calls.py (ARN_PARAMETERS)")
+                continue
+            for named in names:
+                if service == "sagemaker":    # SageMaker's ARNs hold names in lower case
+                    named = {k: v.lower() if k not in ("Partition", "Region", "Account") else v
+                             for k, v in named.items()}
+                arn = resource_type.arn(named)
+                # CloudWatch Logs authorizes a log-group action on the group's ARN with ":*" appended (what
+                # DescribeLogGroups returns as its arn): a statement on the bare group ARN does not allow it.
+                found.append(arn + ":*" if resource_type.name == "log-group" else arn)
+        return found or ["*"]
+
     def of(self, operation: Operation) -> list[Request]:
         service, name, params = operation.service, operation.name, operation.params
         if service == "s3":
             return requests_of_operation(operation, partition=self.partition)
         source = f"boto3 {service}.{name}"
         action = f"{IAM_PREFIXES.get(service, service)}:{name}"
-        if (service, name) in UNSCOPED:
-            return [Request(action, UNSCOPED[(service, name)], source=source)]
-        if service in ("sagemaker", "sagemaker-runtime") and name in SAGEMAKER_RESOURCES:
-            kind, parameter = SAGEMAKER_RESOURCES[name]
-            resource = self.arn("sagemaker", f"{kind}/{params[parameter].lower()}")
-            found = [self.request(action, resource, source)]
-            if name == "CreateModel":
-                found.append(Request("iam:PassRole", params["ExecutionRoleArn"],
-                                     {"iam:PassedToService": "sagemaker.amazonaws.com"}, source=source))
-            if name.startswith("Create") and params.get("Tags"):
-                found.append(Request("sagemaker:AddTags", resource, source=source))
-            if name == "CreateEndpointConfig" and params.get("KmsKeyId"):
-                self.config_keys[params["EndpointConfigName"]] = params["KmsKeyId"]
-            key = self.config_keys.get(params.get("EndpointConfigName", "")) \
-                if name in ("CreateEndpointConfig", "UpdateEndpoint") else None
-            if key:
-                found.append(self.request("kms:CreateGrant", key, source, {
-                    "kms:ViaService": f"sagemaker.{self.region}.amazonaws.com", "kms:GrantIsForAWSResource": "true"}))
+        try:
+            service_authorization.resource_types(action)
+        except KeyError:
+            raise ValueError(f"{source}: {action} is not an action of the Service Authorization Reference; map it "
+                             f"in tests/cdk/role_calls.py (ApiRequests)") from None
+        found = [self.request(action, resource, source) for resource in self.resources(operation, action)]
+        if service not in ("sagemaker", "sagemaker-runtime"):
             return found
-        if service == "cloudwatch" and name in ("DescribeAlarms", "SetAlarmState", "DescribeAlarmHistory"):
-            names = params.get("AlarmNames") or ([params["AlarmName"]] if "AlarmName" in params else ["*"])
-            return [self.request(action, self.arn("cloudwatch", f"alarm:{n}"), source) for n in names]
-        if service == "logs" and name == "FilterLogEvents":
-            return [self.request(action, self.arn("logs", f"log-group:{params['logGroupName']}:*"), source)]
-        if service == "sns" and name == "ListSubscriptionsByTopic":
-            return [self.request(action, params["TopicArn"], source)]
-        if service == "cloudformation" and name == "DescribeStacks":
-            return [self.request(action, self.arn("cloudformation", f"stack/{params['StackName']}/"
-                                                                    f"00000000-0000-0000-0000-000000000000"), source)]
-        if service == "ecr" and "repositoryName" in params:
-            registry = params.get("registryId", self.account)
-            return [Request(action, f"arn:{self.partition}:ecr:{self.region}:{registry}:repository/"
-                                    f"{params['repositoryName']}", source=source)]
-        raise ValueError(f"{source}: no IAM mapping; add it to tests/cdk/role_calls.py (ApiRequests)")
+        if name == "CreateModel":
+            found.append(Request("iam:PassRole", params["ExecutionRoleArn"],
+                                 {"iam:PassedToService": "sagemaker.amazonaws.com"}, source=source))
+        if name.startswith("Create") and params.get("Tags"):
+            found += [Request("sagemaker:AddTags", r.resource, source=source) for r in found[:1]]
+        if name == "CreateEndpointConfig" and params.get("KmsKeyId"):
+            self.config_keys[params["EndpointConfigName"]] = params["KmsKeyId"]
+        key = self.config_keys.get(params.get("EndpointConfigName", "")) if name in ACTIVATES_CONFIG else None
+        if key:
+            found.append(self.request("kms:CreateGrant", key, source,
+                                      {"kms:ViaService": f"sagemaker.{self.region}.amazonaws.com"}))
+        return found
+
+
+def resource_type_problems(requests: list[Request]) -> list[str]:
+    """Where a request does not say what the Service Authorization Reference authorizes its action on: a resource
+    that is none of the action's resource types (or not '*' for an action without resource-level permissions), or,
+    among one source's requests of an action, a required resource type that none of them names (UpdateEndpoint on
+    the endpoint but not on its configuration). Empty when every call is checked on every resource AWS checks."""
+    problems, covered = [], {}
+    for request in requests:
+        types = service_authorization.resource_types(request.action)
+        if request.resource == "*":
+            if any(t.required for t in types):
+                problems.append(f"{request.action} on * <- {request.source}: it is authorized on "
+                                f"{', '.join(t.name for t in types if t.required)}")
+            continue
+        found = service_authorization.resource_type_of(request.action, request.resource)
+        if found is None:
+            problems.append(f"{request.action} on {request.resource} <- {request.source}: not one of its resource "
+                            f"types ({', '.join(t.name for t in types) or 'none: *'})")
+            continue
+        covered.setdefault((request.source, request.action), set()).add(found.name)
+    for (source, action), names in covered.items():
+        missing = {t.name for t in service_authorization.resource_types(action) if t.required} - names
+        if missing:
+            problems.append(f"{action} <- {source}: never requested on its {', '.join(sorted(missing))}")
+    return problems
 
 
 def record_sessions(monkeypatch, recorder: BotocoreRecorder, stubs: dict[str, Callable[..., Any]] | None = None

@@ -33,6 +33,7 @@ from botocore.awsrequest import AWSResponse
 
 import cdk_testkit
 import role_calls
+from deploy import service_authorization
 from deploy.iam_simulation import Deployment, Request, denied, evaluate
 from deploy.pins import EXAMPLE_REGION, image_digest, image_manifest
 from loopback_servers import moto_server
@@ -58,7 +59,12 @@ EXPECTED_OPERATIONS = {
                    "CreateEndpointConfig", "UpdateEndpoint", "DeleteEndpointConfig", "DeleteModel",
                    "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "PutObject"},
     # promote --from dev --to prod reads dev (prod's cdk.json pins are local): what it serves, its report.
-    "promote": {"DescribeStacks", "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "GetObject"},
+    # (its PutImage of the pinned- tag: check-pins --protect tagged these images before)
+    "promote": {"DescribeStacks", "DescribeEndpoint", "DescribeEndpointConfig", "DescribeModel", "GetObject",
+                "DescribeImages"},
+    "acceptance, not rolled back": {"CreateModel", "CreateEndpointConfig", "UpdateEndpoint", "DeleteEndpointConfig",
+                                    "DeleteModel"},
+    "promote --verify": {"GetObject"},
 }
 
 
@@ -104,6 +110,7 @@ class Environment:
                    for stack in (artifacts, monitoring, *self.endpoint_stacks)}
         s3 = client("s3")
         s3.create_bucket(Bucket=self.bucket, CreateBucketConfiguration={"LocationConstraint": REGION})
+        s3.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})  # as the stack's
         model = cdk_testkit.TEST_PINS["model"]["s3_key"]
         s3.put_object(Bucket=self.bucket, Key=model, Body=b"archive")
         for name in ("a.jsonl", "b.jsonl"):
@@ -155,14 +162,26 @@ class Environment:
         """moto's backends are the process's, shared by every server on loopback: the bucket (S3 names are global)
         goes, so that another test creating it finds none."""
         s3 = boto3.resource("s3", region_name=REGION, endpoint_url=url).Bucket(self.bucket)
-        s3.objects.all().delete()
+        s3.object_versions.all().delete()      # versioned, as the stack's bucket is
         s3.delete()
 
 
-def _updated(**_):
-    """UpdateEndpoint as SageMaker accepts it (moto implements none): the endpoint goes on InService on its
-    configuration, as after a rollback."""
-    return AWSResponse("https://sagemaker.invalid/", 200, {}, None), {"EndpointArn": "stubbed"}
+class Updates:
+    """UpdateEndpoint as SageMaker accepts it (moto implements none), after the call is recorded. Rolled back (the
+    default): the endpoint goes on InService on its configuration, as after a rollback; ``complete``: on the one the
+    call names, as after an update that no alarm stopped (moto's own endpoint record is changed, so that every later
+    DescribeEndpoint says so)."""
+
+    def __init__(self):
+        self.complete = False
+
+    def __call__(self, params, **_):
+        if self.complete:
+            from moto.sagemaker.models import sagemaker_backends
+            request = json.loads(params["body"])
+            endpoint = sagemaker_backends[MOTO_ACCOUNT][REGION].endpoints[request["EndpointName"]]
+            endpoint.endpoint_config_name = request["EndpointConfigName"]
+        return AWSResponse("https://sagemaker.invalid/", 200, {}, None), {"EndpointArn": "stubbed"}
 
 
 def _quotas(**_):
@@ -189,8 +208,11 @@ def recorded(environment, tmp_path_factory):
     checkout = tmp_path_factory.mktemp("checkout")
     context = copy.deepcopy(cdk_testkit.context_for("dev"))
     context.pop("env")
-    # prod takes dev's artifacts (cdk.json ships it so) and is located where dev is, as promote's target must be.
+    # prod takes dev's artifacts (cdk.json ships it so) and is located where dev is, as promote's target must be;
+    # dev retains them, as it must once prod pins them (stacks/config.py).
     context["environments"]["prod"].update(account=MOTO_ACCOUNT, region=REGION)
+    context["environments"]["dev"].update(account=MOTO_ACCOUNT, region=REGION)
+    context["environments"]["dev"]["artifacts"]["removal_policy"] = "retain"
     (checkout / "cdk.json").write_text(json.dumps({"context": context}, indent=2) + "\n")
     (checkout / "model_build").mkdir()
     shutil.copy(REPOSITORY_ROOT / "model_build" / "pins.json", checkout / "model_build" / "pins.json")
@@ -204,8 +226,8 @@ def recorded(environment, tmp_path_factory):
                             "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
             patch.setenv(name, value)
         environment.populate(url)
-        recorder = role_calls.BotocoreRecorder()
-        role_calls.record_sessions(patch, recorder, {"before-call.sagemaker.UpdateEndpoint": _updated,
+        recorder, updates = role_calls.BotocoreRecorder(), Updates()
+        role_calls.record_sessions(patch, recorder, {"before-call.sagemaker.UpdateEndpoint": updates,
                                                      "before-call.service-quotas.ListServiceQuotas": _quotas})
         common = ["-c", "env=dev", "--cdk-json", str(checkout / "cdk.json"), "--endpoint-url", url,
                   "--region", REGION]
@@ -215,13 +237,22 @@ def recorded(environment, tmp_path_factory):
             "transform": lambda: transform.main([*common, "--input", f"s3://{environment.bucket}/batch/input/run1/",
                                                  "--poll-interval", "0"]),
             "acceptance": lambda: acceptance.main([*common, "--emulator", "moto", "--wait", "0", "--rollback-drill",
-                                                   "cpu", "--drill-environment", "ADAPTER_MODEL_DIR=/opt/ml/no-model"]),
+                                                   "cpu", "--drill-fault", "fail"]),
             # After acceptance: its report is what promote reads.
             "promote": lambda: promote.main(["--from", "dev", "--to", "prod", "--cdk-json", str(checkout / "cdk.json"),
                                              "--endpoint-url", url, "--region", REGION, "--emulator", "moto"]),
+            # Before prod's deploy: its pins against the report version promote recorded.
+            "promote --verify": lambda: promote.main([
+                "--from", "dev", "--to", "prod", "--verify", "--cdk-json", str(checkout / "cdk.json"),
+                "--endpoint-url", url, "--region", REGION, "--emulator", "moto"]),
+            # A drill that is not rolled back: acceptance undoes it, to the stack's EndpointConfig (and fails).
+            "acceptance, not rolled back": lambda: acceptance.main([*common, "--emulator", "moto", "--wait", "0",
+                                                                    "--rollback-drill", "cpu", "--drill-fault",
+                                                                    "slow"]),
         }
         try:
             for command, run in runs.items():
+                updates.complete = command == "acceptance, not rolled back"
                 start = len(recorder.operations)
                 code = run()
                 found[command] = (code, recorder.operations[start:])
@@ -271,7 +302,11 @@ def test_each_command_ran_to_its_end(recorded):
         missing = expected - {op.name for op in operations}
         assert not missing, f"{command} (exit {code}) never called {sorted(missing)}"
     assert {command: code for command, (code, _) in recorded.items()} == {
-        "check-pins --protect": 0, "preflight": 0, "transform": 0, "acceptance": 0, "promote": 0}
+        "check-pins --protect": 0, "preflight": 0, "transform": 0, "acceptance": 0, "promote": 0,
+        "promote --verify": 0, "acceptance, not rolled back": 1}
+    updates = [op.params["EndpointConfigName"] for op in recorded["acceptance, not rolled back"][1]
+               if op.name == "UpdateEndpoint"]
+    assert len(updates) == 2 and "-drill-" in updates[0] and "-drill-" not in updates[1], "the drill, its undo"
 
 
 def test_every_call_of_the_operator_commands_is_allowed_by_the_operator_policy(environment, recorded):
@@ -292,7 +327,7 @@ def test_each_operator_statement_is_needed(environment, recorded, sid):
 
 
 def test_the_operator_passes_this_environments_execution_roles_to_sagemaker_only(environment, recorded):
-    (create,) = [op for _, ops in recorded.values() for op in ops if op.name == "CreateModel"]
+    create, *_ = [op for _, ops in recorded.values() for op in ops if op.name == "CreateModel"]
     own = create.params["ExecutionRoleArn"]
     assert own == f"arn:aws:iam::{MOTO_ACCOUNT}:role/decision-dev-cpu-execution"
     to_sagemaker = {"iam:PassedToService": "sagemaker.amazonaws.com"}
@@ -305,20 +340,73 @@ def test_the_operator_passes_this_environments_execution_roles_to_sagemaker_only
 
 
 def test_the_operator_grants_only_this_environments_volume_keys_to_sagemaker(environment):
+    """Through SageMaker, on this environment's keys, whether or not SageMaker's grant says it is for an AWS resource
+    (kms:GrantIsForAWSResource: AWS does not document that SageMaker sets it, so the policy does not require it)."""
     (key, tags), = [(arn, tags) for arn, tags in environment.tags.items() if ":key/" in arn][:1]
-    via = {"kms:ViaService": f"sagemaker.{REGION}.amazonaws.com", "kms:GrantIsForAWSResource": "true"}
+    via = {"kms:ViaService": f"sagemaker.{REGION}.amazonaws.com"}
     tagged = {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
     requests = [Request("kms:CreateGrant", key, {**tagged, **via}),
+                Request("kms:CreateGrant", key, {**tagged, **via, "kms:GrantIsForAWSResource": "true"}),
                 Request("kms:CreateGrant", key, {**tagged, "aws:ResourceTag/environment": "prod", **via}),
                 Request("kms:CreateGrant", key, tagged),
+                Request("kms:CreateGrant", key, {**tagged, "kms:ViaService": f"ec2.{REGION}.amazonaws.com"}),
                 Request("kms:Decrypt", key, {**tagged, **via})]
     results = [v.result for v in verdicts(environment.policy("operator"), requests, environment.key_policies)]
-    assert results == ["Allowed", "ImplicitlyDenied", "ImplicitlyDenied", "ImplicitlyDenied"]
+    assert results == ["Allowed", "Allowed", "ImplicitlyDenied", "ImplicitlyDenied", "ImplicitlyDenied",
+                       "ImplicitlyDenied"]
+
+
+def test_each_call_is_checked_on_every_resource_type_its_action_is_authorized_on(environment, recorded):
+    """The Service Authorization Reference (the simulator's own data) decides which resources a call is authorized
+    on: each recorded operation's action is requested on every resource type it requires, and on '*' only where it
+    has no resource-level permissions. UpdateEndpoint is authorized on the endpoint and on the endpoint
+    configuration it activates; CreateGrant follows CreateEndpoint and UpdateEndpoint, not CreateEndpointConfig."""
+    api = environment.api_requests()
+    problems = role_calls.resource_type_problems(operator_requests(environment, recorded))
+    assert not problems, "\n".join(problems)
+    for _, operations in recorded.values():
+        for operation in operations:
+            if operation.service == "s3":
+                continue
+            own = [r for r in api.of(operation) if r.action.split(":")[1] == operation.name]
+            action = own[0].action
+            types = service_authorization.resource_types(action)
+            found = {getattr(service_authorization.resource_type_of(action, r.resource), "name", "*") for r in own}
+            required = {t.name for t in types if t.required}
+            assert required <= found, (operation.name, found)
+            assert ("*" in found) == (not required and not (found - {"*"})), (operation.name, found)
+    updates = [r for _, ops in recorded.values() for op in ops if op.name == "UpdateEndpoint" for r in api.of(op)]
+    assert {r.resource.split(":")[-1].split("/")[0] for r in updates if r.action == "sagemaker:UpdateEndpoint"} == {
+        "endpoint", "endpoint-config"}
+    grants = [op.name for _, ops in recorded.values() for op in ops
+              if any(r.action == "kms:CreateGrant" for r in api.of(op))]
+    assert set(grants) == {"UpdateEndpoint"}, grants    # the drill and its undo; the drill's config creates none
+
+
+def test_the_operator_policy_fits_iams_managed_policy_size():
+    """IAM refuses a customer managed policy of more than 6,144 characters (white space not counted): the operator
+    policy, resolved as a deployment names things (generated bucket and repository names, a long region), with the
+    longest name prefix cdk.json allows (24 characters), for each environment."""
+    for env in cdk_testkit.ENVIRONMENTS:
+        def longest(environment):
+            environment["name_prefix"] = (environment["name_prefix"] + "-" + "x" * 24)[:24]
+        synth = cdk_testkit.synthesized_with(env, longest)
+        deployment = Deployment(synth.outdir, "111122223333", "ap-southeast-2")
+        document = deployment.managed_policy(synth.stack_name("access"), f"{synth.prefix}-operator")
+        size = len(json.dumps(document, separators=(",", ":")))
+        assert size <= 6144, f"{env}: {size} characters"
 
 
 def test_the_operator_cannot_touch_another_environments_endpoints(environment):
     other = f"arn:aws:sagemaker:{REGION}:{MOTO_ACCOUNT}:endpoint/decision-prod-cpu"
+    configs = f"arn:aws:sagemaker:{REGION}:{MOTO_ACCOUNT}:endpoint-config"
+    own_tags = next(tags for arn, tags in environment.tags.items() if ":endpoint-config/" in arn)
+    prods = {f"aws:ResourceTag/{k}": v for k, v in {**own_tags, "environment": "prod"}.items()}
     requests = [Request("sagemaker:UpdateEndpoint", other), Request("sagemaker:InvokeEndpoint", other),
+                # UpdateEndpoint to another environment's configuration, or to an untagged one not the drill's
+                Request("sagemaker:UpdateEndpoint", f"{configs}/decision-prod-endpoint-cpu-config-abc", prods),
+                Request("sagemaker:UpdateEndpoint", f"{configs}/decision-prod-cpu-drill-20270101000000"),
+                Request("sagemaker:UpdateEndpoint", f"{configs}/someone-elses-config"),
                 Request("sagemaker:CreateModel", f"arn:aws:sagemaker:{REGION}:{MOTO_ACCOUNT}:model/decision-prod-"
                                                  f"cpu-drill-20270101000000"),
                 Request("cloudwatch:SetAlarmState", f"arn:aws:cloudwatch:{REGION}:{MOTO_ACCOUNT}:alarm:"

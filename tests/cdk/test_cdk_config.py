@@ -100,7 +100,7 @@ def test_digest_pins_resolve_against_the_project_repository():
 
 def test_a_private_ecr_uri_pinned_by_digest_names_its_repository():
     uri = f"763104351884.dkr.ecr.eu-west-1.amazonaws.com/llama-cpp@{DLC_DIGEST}"
-    config = parse(edit=setting("pins.images.text_generation", uri))
+    config = parse("dev", edit=lambda e: (located("111122223333")(e), setting("pins.images.text_generation", uri)(e)))
     assert config.pins.images.text_generation == ImagePin(digest=DLC_DIGEST, repository=EcrRepositoryRef(
         account="763104351884", region="eu-west-1", name="llama-cpp", partition="aws"))
     assert config.pins.images.text_generation.repository.arn == \
@@ -286,15 +286,14 @@ BOOTSTRAP_KEY = "arn:aws:kms:eu-west-1:111122223333:key/1234abcd-12ab-34cd-56ef-
 
 
 def both(env_edits):
-    """cdk.json's context (pinned, both environments given a repository) with edits per environment name; prod's
-    pins name dev's artifacts where dev is after the edits (deploy/pins.py)."""
-    context = context_for("prod")
+    """cdk.json's context (both environments given a repository, nothing pinned: a pinned prod would make dev retain
+    its artifacts and name its location) with edits per environment name."""
+    context = context_for("prod", pinned=False)
     environments = context["environments"]
     for name, environment in environments.items():
         environment["review"]["github_repository"] = "example-org/decision-models"
         for edit in env_edits.get(name, ()):
             edit(environment)
-    environments["prod"]["pins"] = test_pins.pins_in(environments, "prod")
     return environments
 
 
@@ -436,7 +435,8 @@ def test_an_image_pin_from_another_regions_registry_is_refused(kind, registry_re
 @pytest.mark.parametrize("kind", ["cpu", "gpu", "text_generation"])
 def test_an_image_pin_from_the_environments_region_is_accepted(kind):
     uri = f"763104351884.dkr.ecr.eu-west-1.amazonaws.com/llama-cpp@{DLC_DIGEST}"
-    assert getattr(parse("prod", edit=setting(f"pins.images.{kind}", uri)).pins.images, kind).repository.region \
+    in_devs = uri.replace("763104351884", "111122223333")       # prod pulls from its source's account only
+    assert getattr(parse("prod", edit=setting(f"pins.images.{kind}", in_devs)).pins.images, kind).repository.region \
         == "eu-west-1"
     # An environment whose region is the caller's, and the caller has none: nothing to compare with yet.
     assert parse("dev", edit=setting(f"pins.images.{kind}", uri.replace("eu-west-1", "us-east-1"))).region is None
@@ -456,6 +456,9 @@ def environments_with(**edits):
     edit for a name cdk.json lacks adds that environment as a copy of dev first."""
     context = context_for("prod")
     environments = context["environments"]
+    # dev retains what prod pins, so it names where it deploys (stacks/config.py), as a user's cdk.json would.
+    environments["dev"].update(account=environments["dev"].get("account") or "111122223333",
+                               region=environments["dev"].get("region") or "eu-west-1")
     for name, edit in edits.items():
         if name not in environments:
             environments[name] = {**cdk_json_context()["environments"]["dev"], "name_prefix": f"decision-{name}"}
@@ -486,7 +489,7 @@ def test_prod_deploys_devs_artifacts_and_dev_names_prods_execution_roles():
 def test_a_consumer_in_another_account_is_named_by_its_account():
     environments = environments_with(prod=lambda e: e.update(account=OTHER_ACCOUNT, endpoints=["cpu"]),
                                      dev=located("111122223333"))
-    environments["prod"]["pins"] = test_pins.pins_in(environments, "prod")
+    test_pins.promote_into(environments, "prod")
     dev = load_environment(environments, "dev", model_pins=cdk_app.model_pin_names())
     (consumer,) = dev.artifact_consumers
     assert (consumer.account, consumer.region, consumer.endpoint_kinds) == (OTHER_ACCOUNT, "eu-west-1", ("cpu",))
@@ -502,6 +505,7 @@ def test_rebuilding_for_prod_stays_possible():
     assert prod.artifacts_from is None and prod.artifact_source is None and prod.build.log_retention_days == 90
     assert prod.pins.images.cpu.repository is None and prod.pins.model.bucket is None
     environments = context_for("prod", edit=rebuild)["environments"]
+    environments["dev"]["artifacts"]["removal_policy"] = "destroy"      # nobody pins dev's artifacts any more
     assert load_environment(environments, "dev", model_pins=cdk_app.model_pin_names()).artifact_consumers == ()
 
 
@@ -574,6 +578,42 @@ def test_artifacts_from_problems_are_named_by_key_path(edits, env, expected):
 def test_the_sources_location_is_compared_only_where_cdk_json_names_it():
     """dev leaves account and region to the caller's credentials: a synthesis of prod elsewhere (CI in prod's
     account, another default region) cannot tell where dev was deployed, so it compares nothing."""
-    config = parse("prod", default_account=OTHER_ACCOUNT, default_region="us-east-1")
+    context = context_for("prod")
+    for key in ("account", "region"):     # (synthesizing prod does not validate dev, which would have to name them)
+        context["environments"]["dev"].pop(key, None)
+    config = load_environment(context["environments"], "prod", model_pins=cdk_app.model_pin_names(),
+                              default_account=OTHER_ACCOUNT, default_region="us-east-1")
     assert config.artifact_source.account is None and config.artifact_source.region is None
     assert config.pins.images.cpu.repository.account == "111122223333"
+
+
+# --- issue 47: prod's source keeps what prod pins; prod's pins name the report they were promoted on -------------
+
+def test_a_source_whose_artifacts_a_consumer_pins_must_retain_them():
+    """dev with removal_policy destroy while prod's pins name dev's images and archive: `cdk destroy -c env=dev`
+    would delete them from under prod. Synthesizing either environment refuses; a prod that pins nothing (cdk.json
+    as shipped) leaves dev free to destroy its own."""
+    environments = environments_with(dev=lambda e: e["artifacts"].update(removal_policy="destroy"))
+    expected = ("environments.dev.artifacts.removal_policy: is not 'retain', but environments.prod.pins name dev's "
+                "images and model archive")
+    for env in ("dev", "prod"):
+        with pytest.raises(ConfigError) as error:
+            load_environment(environments, env, model_pins=cdk_app.model_pin_names())
+        assert any(problem.startswith(expected) for problem in error.value.problems), error.value.problems
+    shipped = cdk_json_context()["environments"]
+    assert shipped["dev"]["artifacts"]["removal_policy"] == "destroy"
+    load_environment(shipped, "dev", model_pins=cdk_app.model_pin_names())
+    assert parse("prod").artifact_source.name == "dev"          # pinned, with dev retaining (context_for)
+
+
+def test_promoted_pins_name_the_acceptance_report_they_were_promoted_on():
+    config = parse("prod")
+    assert config.pins.acceptance is not None and config.pins.acceptance.key.startswith("acceptance/dev/")
+    with pytest.raises(ConfigError, match=r"environments\.prod\.pins\.acceptance: is required because these pins "
+                                          r"name dev's artifacts"):
+        parse("prod", edit=lambda e: e["pins"].pop("acceptance"))
+    with pytest.raises(ConfigError, match=r"environments\.dev\.pins\.acceptance: is set, but this environment builds "
+                                          r"its own artifacts"):
+        parse("dev", edit=lambda e: e["pins"].update(acceptance=test_pins.example_acceptance_pin("dev", "b-1-2")))
+    with pytest.raises(ConfigError, match=r"environments\.prod\.pins\.acceptance\.key: .* is not a report's key"):
+        parse("prod", edit=lambda e: e["pins"]["acceptance"].update(key="acceptance/dev/latest.json"))

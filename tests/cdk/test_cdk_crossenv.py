@@ -37,7 +37,8 @@ def context(env: str, prod_account: str, prod_pins: dict | None = None) -> dict:
     environments = result["environments"]
     environments["dev"].update(account=DEV_ACCOUNT, region=EXAMPLE_REGION, pins=copy.deepcopy(TEST_PINS))
     environments["prod"].update(account=prod_account, region=EXAMPLE_REGION)
-    environments["prod"]["pins"] = prod_pins or test_pins.pins_in(environments, "prod")
+    test_pins.promote_into(environments, "prod")    # dev retains what prod pins (stacks/config.py)
+    environments["prod"]["pins"] = prod_pins or environments["prod"]["pins"]
     for environment in environments.values():
         environment["review"]["github_repository"] = test_pins.EXAMPLE_REPOSITORY
     result["env"] = env
@@ -131,10 +132,14 @@ def test_devs_policies_name_prods_account_and_exactly_its_execution_roles(pair):
     roles = [f"arn:aws:iam::{account}:role/{name}" for name in ROLE_NAMES]
     only_prods_roles = {"ArnEquals": {"aws:PrincipalArn": roles}}
     principal = {"AWS": f"arn:aws:iam::{account}:root"}
-    assert pair.repository_policy == {"Version": "2012-10-17", "Statement": [{
-        "Sid": "ProdEndpointsPullImages", "Effect": "Allow", "Principal": principal,
-        "Action": ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
-        "Condition": only_prods_roles}]}
+    pull = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+    assert pair.repository_policy == {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ProdEndpointsPullImages", "Effect": "Allow", "Principal": principal, "Action": pull,
+         "Condition": only_prods_roles},
+        # CreateModel's validation of a cross-account image looks for SageMaker's service principal: only for
+        # SageMaker acting for prod's account.
+        {"Sid": "ProdSageMakerPullsImages", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"},
+         "Action": pull, "Condition": {"StringEquals": {"aws:SourceAccount": account}}}]}
     (statement,) = [s for s in pair.bucket_policy["Statement"] if s.get("Sid") == "ProdEndpointsReadModelArchives"]
     assert statement == {"Sid": "ProdEndpointsReadModelArchives", "Effect": "Allow", "Principal": principal,
                          "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{pair.bucket}/models/*",
@@ -246,7 +251,8 @@ def test_across_accounts_both_policies_are_needed():
         requests = pair.pull_requests("gpu")
         without_statement = pair.evaluate(
             role_arn, requests, identity_policies=identity,
-            repository_policy={**pair.repository_policy, "Statement": []},
+            repository_policy={**pair.repository_policy, "Statement": [
+                s for s in pair.repository_policy["Statement"] if s["Sid"] != "ProdEndpointsPullImages"]},
             bucket_policy={**pair.bucket_policy, "Statement": [
                 s for s in pair.bucket_policy["Statement"] if s.get("Sid") != "ProdEndpointsReadModelArchives"]})
         without_identity = pair.as_deployed(role_arn, requests, [])
@@ -265,3 +271,34 @@ def test_both_sides_are_cfn_lint_clean(pair):
         (pair.prod, f"decision-prod-endpoint-{kind.replace('_', '-')}") for kind in KINDS]
     for deployment, stack in stacks:
         assert findings(deployment.templates[stack]) == [], stack
+
+
+def test_sagemakers_service_principal_may_pull_devs_images_for_prods_account_only(pair):
+    """What CreateModel's validation of a cross-account image asks of the repository policy (aws/deep-learning-
+    containers#5657): a grant to sagemaker.amazonaws.com. SageMaker acting for prod's account (aws:SourceAccount) is
+    allowed the pull actions; for another account, or without the key, denied."""
+    repository = f"arn:aws:ecr:{EXAMPLE_REGION}:{DEV_ACCOUNT}:repository/{pair.repository}"
+    for source_account, allowed in ((pair.prod_account, True), ("999988887777", False), (None, False)):
+        context = {"aws:SourceAccount": source_account} if source_account else {}
+        requests = [Request(action, repository, context) for action in role_calls.ECR_PULL]
+        verdicts = evaluate("sagemaker.amazonaws.com", DEV_ACCOUNT, requests, identity_policies=[],
+                            resource_policy=pair.repository_policy)
+        assert [v.allowed for v in verdicts] == [allowed] * len(requests), [v.line() for v in verdicts]
+
+
+def test_prods_operator_reads_devs_artifacts_only_in_devs_account(pair):
+    """What preflight and check-pins -c env=prod ask with prod's operator: dev's image details and archive. In one
+    account its own policy allows them; across accounts dev's policies admit prod's execution roles only, so AWS
+    answers AccessDenied, which those commands turn into one line naming dev's operator (tests/endpoint_client)."""
+    operator = pair.prod.managed_policy("decision-prod-access", "decision-prod-operator")
+    principal = pair.role_arn("decision-prod-people")
+    image = pair.prod_pins["images"]["cpu"]
+    requests = [with_principal(r, principal, pair.prod_account) for r in (
+        Request("ecr:DescribeImages", f"arn:aws:ecr:{EXAMPLE_REGION}:{DEV_ACCOUNT}:repository/{pair.repository}"),
+        Request("s3:GetObject", f"arn:aws:s3:::{pair.bucket}/{TEST_PINS['model']['s3_key']}"))]
+    assert image.split("@")[0].endswith(pair.repository)
+    verdicts = pair.as_deployed(principal, requests, [operator])
+    if pair.prod_account == OTHER_ACCOUNT:
+        assert all(not v.allowed for v in verdicts), [v.line() for v in verdicts if v.allowed]
+    else:
+        assert not denied(verdicts), "\n".join(denied(verdicts))

@@ -95,6 +95,7 @@ def test_every_command_of_each_build_project_is_allowed_by_its_role(built, tmp_p
         requests = [r for argv in commands for r in role_calls.requests_of_command(
             argv, account=deployment.account, region=deployment.region)]
         requests += role_calls.codebuild_service_requests(deployment, stack, project)
+        assert not role_calls.resource_type_problems(requests), role_calls.resource_type_problems(requests)
         verdicts = verdicts_for(deployment, stack, role_of(deployment, stack, project), requests)
         assert not denied(verdicts), f"{logical_id}:\n" + "\n".join(denied(verdicts))
         seen_actions[project["Properties"]["Name"]] = {r.action for r in requests}
@@ -160,6 +161,7 @@ def test_the_model_builds_s3_calls_are_allowed_by_its_role(built, tmp_path, monk
     operations = {op.name for op in recorder.operations}
     assert {"HeadObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"} <= operations
     requests = [r for op in recorder.operations for r in role_calls.requests_of_operation(op)]
+    assert not role_calls.resource_type_problems(requests), role_calls.resource_type_problems(requests)
     verdicts = verdicts_for(deployment, stack, role_of(deployment, stack, project), requests)
     assert not denied(verdicts), "\n".join(denied(verdicts))
 
@@ -171,6 +173,7 @@ def test_what_sagemaker_does_with_each_execution_role_is_allowed(deployed, kind)
     (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
     role = role_of(deployment, stack, model)
     requests = role_calls.endpoint_execution_requests(deployment, stack)
+    assert not role_calls.resource_type_problems(requests), role_calls.resource_type_problems(requests)
     verdicts = verdicts_for(deployment, stack, role, requests)
     assert not denied(verdicts), "\n".join(denied(verdicts))
     # A Batch Transform job on the model, as endpoint_client transform starts it (default output location).
@@ -182,6 +185,7 @@ def test_what_sagemaker_does_with_each_execution_role_is_allowed(deployed, kind)
         instance_type="ml.c7i.xlarge", instance_count=1, parameters=transform.ExecutionParameters(None, None, None))
     batch = role_calls.transform_requests(deployment, bucket, plan.request({}), list(plan.input_keys),
                                           lambda key: transform._output_key(plan, key))
+    assert not role_calls.resource_type_problems(batch), role_calls.resource_type_problems(batch)
     verdicts = verdicts_for(deployment, stack, role, batch)
     if kind in transform.TRANSFORM_KINDS:
         assert not denied(verdicts), "\n".join(denied(verdicts))

@@ -81,6 +81,7 @@ def deployment(moto_server, aws_environment, tmp_path, request):
     s3 = boto3.client("s3", region_name=REGION, endpoint_url=moto_server)
     ecr = boto3.client("ecr", region_name=REGION, endpoint_url=moto_server)
     s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})   # as the stack's
     ecr.create_repository(repositoryName=repository, imageTagMutability="IMMUTABLE")
     digests = {}
     for kind, seed, tag_prefix in (("cpu", "1", "cpu-"), ("gpu", "2", "gpu-"), ("text_generation", "3", "textgen-")):

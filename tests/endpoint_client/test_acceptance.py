@@ -6,6 +6,7 @@ shapes of botocore's models, decide proved or failed."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -153,4 +154,146 @@ def test_storage_is_measured_against_the_disk_alarm(used, state):
 
 def test_a_drill_needs_something_that_makes_the_release_fail(capsys):
     code = acceptance.main(["-c", "env=dev", "--cdk-json", str(ROOT / "cdk.json"), "--rollback-drill", "cpu"])
-    assert code == 2 and "--rollback-drill needs --drill-environment or --drill-image" in capsys.readouterr().err
+    assert code == 2 and "--rollback-drill needs --drill-fault (or --drill-environment, --drill-image)" in \
+        capsys.readouterr().err
+    code = acceptance.main(["-c", "env=dev", "--cdk-json", str(ROOT / "cdk.json"), "--rollback-drill",
+                            "text_generation", "--drill-fault", "fail"])
+    assert code == 2 and "the text_generation endpoint is not the adapter (no ADAPTER_DRILL)" in \
+        capsys.readouterr().err
+
+
+# --- the rollback drill, against SageMaker's and CloudWatch's answers (botocore's shapes) ---------------------------
+
+STARTED = datetime(2027, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+class DrillAccount:
+    """An endpoint that a drill updates, and what SageMaker and CloudWatch then answer: ``outcome`` is rolled_back
+    (back on the stack's config, with SageMaker's FailureReason) or completed (on the drill's config); ``history`` the
+    rollback alarms' StateUpdate items."""
+
+    def __init__(self, outcome, reason=None, history=()):
+        self.outcome, self.reason, self.history = outcome, reason, list(history)
+        self.calls, self.status, self.config, self.sent = [], "InService", "stack-config", []
+        self.endpoint_url = None
+        self.session = SimpleNamespace(client=lambda service, **_: self)
+
+    def client(self, service):
+        return self
+
+    # sagemaker
+    def describe_endpoint(self, EndpointName):
+        if self.status == "Updating":
+            self.status = "InService"
+            if self.outcome == "rolled_back":
+                self.config = "stack-config"
+            return {"EndpointStatus": "Updating", "EndpointConfigName": self.config}
+        answer = {"EndpointStatus": self.status, "EndpointConfigName": self.config, "LastDeploymentConfig": {
+            "AutoRollbackConfiguration": {"Alarms": [{"AlarmName": f"{EndpointName}-ScoringFailures"},
+                                                     {"AlarmName": f"{EndpointName}-SlowCompute"}]}}}
+        if self.reason and self.config == "stack-config" and self.calls:
+            answer["FailureReason"] = self.reason
+        return answer
+
+    def describe_endpoint_config(self, EndpointConfigName):
+        return {"ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": "stack-model",
+                                        "InstanceType": "ml.c7i.xlarge", "InitialInstanceCount": 1}],
+                "KmsKeyId": "arn:aws:kms:eu-west-1:111122223333:key/k"}
+
+    def describe_model(self, ModelName):
+        return {"ModelName": ModelName, "ExecutionRoleArn": "arn:aws:iam::111122223333:role/decision-dev-cpu-execution",
+                "EnableNetworkIsolation": True, "PrimaryContainer": {"Image": "img@sha256:" + "a" * 64,
+                                                                     "Environment": {"ADAPTER_THREADS": "2"}}}
+
+    def create_model(self, **kwargs):
+        self.calls.append(("CreateModel", kwargs))
+
+    def create_endpoint_config(self, **kwargs):
+        self.calls.append(("CreateEndpointConfig", kwargs))
+
+    def update_endpoint(self, **kwargs):
+        self.calls.append(("UpdateEndpoint", kwargs))
+        if kwargs["EndpointConfigName"] != "stack-config":
+            self.status, self.config = "Updating", kwargs["EndpointConfigName"]
+        else:
+            self.config = "stack-config"
+
+    def delete_endpoint_config(self, **kwargs):
+        self.calls.append(("DeleteEndpointConfig", kwargs))
+
+    def delete_model(self, **kwargs):
+        self.calls.append(("DeleteModel", kwargs))
+
+    # runtime
+    def invoke_endpoint(self, **kwargs):
+        self.sent.append(json.loads(kwargs["Body"]))
+
+    # cloudformation
+    def describe_stacks(self, StackName):
+        return {"Stacks": [{"StackStatus": "UPDATE_COMPLETE"}]}
+
+    # cloudwatch
+    def get_paginator(self, name):
+        assert name == "describe_alarm_history"
+        account = self
+
+        class Pages:
+            def paginate(self, **kwargs):
+                assert kwargs["HistoryItemType"] == "StateUpdate"
+                yield {"AlarmHistoryItems": [i for i in account.history if i["AlarmName"] == kwargs["AlarmName"]]}
+        return Pages()
+
+
+def state_update(alarm, new, reason="Threshold Crossed: 3 out of the last 6 datapoints were greater than 5.0"):
+    return {"AlarmName": alarm, "HistoryItemType": "StateUpdate", "Timestamp": STARTED,
+            "HistorySummary": f"Alarm updated from OK to {new}",
+            "HistoryData": json.dumps({"version": "1.0", "oldState": {"stateValue": "OK"},
+                                       "newState": {"stateValue": new, "stateReason": reason}})}
+
+
+def drill(account):
+    checker = acceptance.Acceptance(config(), account, emulator=None, wait_s=0, examples=ROOT / "examples",
+                                    sleep=lambda s: None)
+    return checker.rollback_drill("cpu", {"ADAPTER_DRILL": "fail"}, None)
+
+
+def test_the_history_items_read_are_cloudwatchs():
+    item = CLOUDWATCH.operation_model("DescribeAlarmHistory").output_shape.members["AlarmHistoryItems"].member
+    assert {"AlarmName", "Timestamp", "HistoryItemType", "HistoryData"} <= set(item.members)
+    assert "StateUpdate" in CLOUDWATCH.shape_for("HistoryItemType").enum
+
+
+def test_a_drill_is_proved_only_by_a_rollback_alarm_in_alarm_and_the_old_config():
+    account = DrillAccount("rolled_back", reason="Rolled back: an alarm went off",
+                           history=[state_update("decision-dev-cpu-ScoringFailures", "ALARM")])
+    result = drill(account)
+    assert result.state == "proved" and "decision-dev-cpu-ScoringFailures went to ALARM" in result.detail
+    (_, model), = [call for call in account.calls if call[0] == "CreateModel"]
+    assert model["PrimaryContainer"]["Environment"] == {"ADAPTER_THREADS": "2", "ADAPTER_DRILL": "fail"}
+    assert [c[0] for c in account.calls if c[0] == "UpdateEndpoint"] == ["UpdateEndpoint"], "no undo"
+    # Every request differs, so the cache answers none of them: each makes a job the fault affects.
+    states = [body["decision"]["state"] for body in account.sent]
+    assert states and len(set(states)) == len(states)
+    assert {c[0] for c in account.calls} >= {"DeleteEndpointConfig", "DeleteModel"}
+
+
+@pytest.mark.parametrize("history", [
+    [],                                                          # no alarm fired: the health check, say
+    [state_update("decision-dev-cpu-ScoringFailures", "OK")],    # only other transitions
+    [state_update("decision-dev-cpu-ScoringFailures", "ALARM",   # acceptance's own test of the notification
+                  reason="python -m endpoint_client acceptance: a test of the notification")],
+])
+def test_a_rollback_without_an_alarm_fails_and_says_why_it_rolled_back(history):
+    reason = "The container failed the ping health check"
+    result = drill(DrillAccount("rolled_back", reason=reason, history=history))
+    assert result.state == "failed"
+    assert result.detail.startswith(f"rolled back for another reason ({reason}): none of decision-dev-cpu-"
+                                    f"ScoringFailures, decision-dev-cpu-SlowCompute went to ALARM")
+
+
+def test_an_update_that_is_not_rolled_back_is_undone_and_fails():
+    account = DrillAccount("completed")
+    result = drill(account)
+    assert result.state == "failed" and result.detail.startswith("not rolled back")
+    updates = [kwargs["EndpointConfigName"] for name, kwargs in account.calls if name == "UpdateEndpoint"]
+    assert len(updates) == 2 and "-drill-" in updates[0] and updates[1] == "stack-config"

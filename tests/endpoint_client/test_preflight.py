@@ -138,3 +138,73 @@ def test_the_command_is_listed(capsys):
     with pytest.raises(SystemExit):
         cli.main(["preflight", "--help"])
     assert "Service Quotas" in capsys.readouterr().out
+
+
+# --- prod in another account than the dev it takes its artifacts from (issue 47) ---------------------------------
+
+DEV_ELSEWHERE = "444455556666"
+
+
+def prod_across_accounts(deployment):
+    """cdk.json with dev (retaining its artifacts) in another account and prod, in this one, pinned from it by
+    promote: its images in dev's repository, its archive in dev's bucket, the report it was promoted on."""
+    import json
+
+    from deploy.pins import promoted_pins
+    from registry_testkit import REPOSITORY_ROOT
+    cdk_json = json.loads((REPOSITORY_ROOT / "cdk.json").read_text())
+    environments = cdk_json["context"]["environments"]
+    dev, prod = environments["dev"], environments["prod"]
+    dev.update(account=DEV_ELSEWHERE, region=REGION)
+    dev["artifacts"]["removal_policy"] = "retain"
+    prod.update(account=ACCOUNT, region=REGION, endpoints=["cpu"])
+    prod["pins"] = promoted_pins({"images": dict(deployment.digests), "model": {
+        "s3_key": deployment.model_key, "gguf_sha256": deployment.model_sha256}}, account=DEV_ELSEWHERE,
+        region=REGION, repository="dev-images", bucket="dev-artifacts")
+    deployment.cdk_json.write_text(json.dumps(cdk_json))
+    import argparse
+    return load_config(argparse.Namespace(context=["env=prod"], cdk_json=deployment.cdk_json))
+
+
+class DeniedAcrossAccounts(StubbedQuotas):
+    """The deployment's clients, whose reads of dev's repository and bucket (another account) get what AWS answers
+    prod's operator there: AccessDenied (tests/cdk/test_cdk_crossenv.py evaluates the policies that decide it)."""
+
+    def client(self, service):
+        client = super().client(service)
+
+        def denied(params, model, **_):
+            from botocore.awsrequest import AWSResponse
+            code = "AccessDeniedException" if service == "ecr" else "AccessDenied"
+            return AWSResponse("https://denied.invalid/", 403, {}, None), {
+                "Error": {"Code": code, "Message": f"not authorized to perform {model.name}"},
+                "ResponseMetadata": {"HTTPStatusCode": 403}}
+        if service in ("ecr", "s3"):
+            client.meta.events.register_first(f"before-call.{service}", denied)
+        return client
+
+
+def test_across_accounts_preflight_names_the_operator_to_use_and_still_checks_the_quotas(deployment):
+    config = prod_across_accounts(deployment)
+    checks = preflight.preflight(config, DeniedAcrossAccounts(deployment.url, {"ml.c7i.2xlarge": 20}))
+    found = lines(checks)
+    state, detail = found["pins"]
+    assert state == "fail" and "AccessDeniedException with these credentials" in detail
+    assert "check them with decision-dev-operator (python -m endpoint_client check-pins -c env=prod with dev's " \
+           "credentials)" in detail
+    state, detail = found["environments.prod.pins.acceptance"]
+    assert state == "fail" and detail.startswith("AccessDenied with these credentials: check it with "
+                                                 "decision-dev-operator: python -m endpoint_client promote --verify "
+                                                 "--from dev --to prod")
+    assert found["quota ml.c7i.2xlarge for endpoint usage"][0] == "ok", "the quota check still runs"
+
+
+def test_across_accounts_check_pins_refuses_in_one_line(deployment, capsys, monkeypatch):
+    prod_across_accounts(deployment)
+    from endpoint_client import deployment as commands
+    monkeypatch.setattr(commands, "aws_for", lambda args, config: DeniedAcrossAccounts(deployment.url, {}))
+    code = pins.main(["-c", "env=prod", "--cdk-json", str(deployment.cdk_json), "--endpoint-url", deployment.url])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "AccessDeniedException with these credentials" in err and "decision-dev-operator" in err
+    assert "Traceback" not in err

@@ -5,6 +5,7 @@ promote writes prod's pins in cdk.json, byte for byte what is expected, or refus
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from types import SimpleNamespace
 
@@ -20,6 +21,9 @@ def promotable(deployment, indent=2, edit=None) -> str:
     """cdk.json as the repository lays it out, dev pinned and deployed, prod taking its artifacts from dev."""
     cdk_json = json.loads(deployment.cdk_json.read_text())
     prod = cdk_json["context"]["environments"]["prod"]
+    # dev retains its artifacts, as it must once prod pins them (stacks/config.py), and so names its account.
+    dev = cdk_json["context"]["environments"]["dev"]
+    dev["artifacts"]["removal_policy"], dev["account"] = "retain", ACCOUNT
     prod["artifacts_from"] = "dev"
     # prod is retained and protected, so it names where it deploys (app.py refuses it otherwise): dev's account here.
     prod["account"], prod["region"] = ACCOUNT, REGION
@@ -50,7 +54,21 @@ def expected_pins(deployment) -> dict:
     registry = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{deployment.repository}"
     return {"images": {kind: f"{registry}@{digest}" for kind, digest in deployment.digests.items()},
             "model": {"bucket": deployment.bucket, "s3_key": deployment.model_key,
-                      "gguf_sha256": deployment.model_sha256}}
+                      "gguf_sha256": deployment.model_sha256},
+            "acceptance": recorded_report(deployment)}
+
+
+def recorded_report(deployment) -> dict:
+    """What promote records of dev's latest acceptance report: its run's object (of which latest.json is a copy) by
+    its only S3 version, and the sha256 of its bytes."""
+    s3 = deployment.client("s3")
+    latest = s3.get_object(Bucket=deployment.bucket, Key="acceptance/dev/latest.json")["Body"].read()
+    runs = [v for v in s3.list_object_versions(Bucket=deployment.bucket, Prefix="acceptance/dev/")["Versions"]
+            if not v["Key"].endswith("latest.json") and
+            s3.get_object(Bucket=deployment.bucket, Key=v["Key"], VersionId=v["VersionId"])["Body"].read() == latest]
+    (run,) = runs
+    return {"bucket": deployment.bucket, "key": run["Key"], "version_id": run["VersionId"],
+            "sha256": hashlib.sha256(latest).hexdigest()}
 
 
 @pytest.mark.parametrize("indent", [2, 4])
@@ -76,7 +94,8 @@ def test_promote_writes_exactly_prods_pins_and_nothing_else(serving, capsys, ind
     pins = expected_pins(deployment)
     assert out.splitlines() == [f"environments.prod.pins.images.{kind}: null -> \"{pins['images'][kind]}\""
                                 for kind in ("cpu", "gpu", "text_generation")] + \
-        [f"environments.prod.pins.model: null -> {json.dumps(pins['model'])}"]
+        [f"environments.prod.pins.model: null -> {json.dumps(pins['model'])}",
+         f"environments.prod.pins.acceptance: null -> {json.dumps(pins['acceptance'])}"]
     assert "make diff BASE=main ENV=prod" in err
     # Promoting again changes nothing.
     code, out, err = run_promote(deployment, capsys)
@@ -92,7 +111,8 @@ def test_a_target_listing_fewer_endpoints_gets_only_their_image_pins(serving, ca
     expected = json.loads(before)
     pins = expected_pins(deployment)
     expected["context"]["environments"]["prod"]["pins"] = {
-        "images": {"cpu": pins["images"]["cpu"], "gpu": None, "text_generation": None}, "model": pins["model"]}
+        "images": {"cpu": pins["images"]["cpu"], "gpu": None, "text_generation": None}, "model": pins["model"],
+        "acceptance": pins["acceptance"]}
     assert deployment.cdk_json.read_text() == json.dumps(expected, indent=2) + "\n"
 
 
@@ -256,8 +276,88 @@ def test_refused_when_aws_refuses_a_read(serving, capsys):
     before = promotable(deployment)
     assert accept(deployment, capsys) == 0
     s3 = deployment.client("s3")
-    for item in s3.list_objects_v2(Bucket=deployment.bucket)["Contents"]:
-        s3.delete_object(Bucket=deployment.bucket, Key=item["Key"])
+    listed = s3.list_object_versions(Bucket=deployment.bucket)
+    for item in listed.get("Versions", []) + listed.get("DeleteMarkers", []):
+        s3.delete_object(Bucket=deployment.bucket, Key=item["Key"], VersionId=item["VersionId"])
     s3.delete_bucket(Bucket=deployment.bucket)
     err = refused(deployment, capsys, before)
     assert err.startswith("endpoint_client promote: refused: NoSuchBucket: ")
+
+
+# --- issue 47: what promote protects and records, and --verify before a deploy ------------------------------------
+
+def tags_of(deployment, digest) -> list[str]:
+    (details,) = deployment.client("ecr").describe_images(repositoryName=deployment.repository,
+                                                          imageIds=[{"imageDigest": digest}])["imageDetails"]
+    return details.get("imageTags", [])
+
+
+def test_promote_tags_what_it_promotes_so_that_devs_lifecycle_keeps_it(serving, capsys):
+    deployment = serving.deployment
+    promotable(deployment)
+    assert all(not any(t.startswith("pinned-") for t in tags_of(deployment, d)) for d in deployment.digests.values())
+    assert accept(deployment, capsys) == 0
+    code, _, err = run_promote(deployment, capsys)
+    assert code == 0, err
+    for digest in deployment.digests.values():
+        assert f"pinned-{digest.removeprefix('sha256:')}" in tags_of(deployment, digest)
+
+
+def test_refused_while_dev_would_destroy_what_prod_pins(serving, capsys):
+    deployment = serving.deployment
+    before = promotable(deployment)
+    cdk_json = json.loads(before)
+    cdk_json["context"]["environments"]["dev"]["artifacts"]["removal_policy"] = "destroy"
+    before = json.dumps(cdk_json, indent=2) + "\n"
+    deployment.cdk_json.write_text(before)
+    assert accept(deployment, capsys) == 0
+    err = refused(deployment, capsys, before)
+    assert "environments.dev.artifacts.removal_policy is destroy: `cdk destroy -c env=dev` would delete" in err
+    assert not any(t.startswith("pinned-") for t in tags_of(deployment, deployment.digests["cpu"]))
+
+
+def test_refused_for_an_image_it_cannot_protect(serving, capsys):
+    """An image dev serves from another repository than its own: dev's lifecycle is not what keeps it, and promote
+    cannot tag it there."""
+    deployment = serving.deployment
+    before = promotable(deployment)
+    ecr = deployment.client("ecr")
+    other = f"{deployment.repository}-elsewhere"
+    ecr.create_repository(repositoryName=other)
+    digest = push(ecr, other, manifest("7"), "cpu-x")
+    serving.deploy("cpu", digest=digest)
+    # deploy() names dev's repository in the Model: point it at the other one (moto's server runs in this process).
+    from moto.sagemaker.models import sagemaker_backends
+    backend = sagemaker_backends[ACCOUNT][REGION]
+    config = backend.endpoint_configs[backend.endpoints["decision-dev-cpu"].endpoint_config_name]
+    model = backend._models[config.production_variants[0]["ModelName"]]
+    model.primary_container["Image"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{other}@{digest}"
+    assert accept(deployment, capsys) == 0
+    err = refused(deployment, capsys, before)
+    assert f"cpu: {ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{other}@{digest} is not in " in err
+    assert "only images the source's lifecycle keeps are promoted" in err
+
+
+def test_verify_checks_prods_pins_against_the_very_report_they_were_promoted_on(serving, capsys):
+    deployment = serving.deployment
+    promotable(deployment)
+    assert accept(deployment, capsys) == 0
+    assert run_promote(deployment, capsys)[0] == 0
+    code, out, err = run_promote(deployment, capsys, "--verify", "--emulator", "moto")
+    assert code == 0 and "prod's pins are what s3://" in out, err
+    # A later run rewrites latest.json (and writes a new object): the recorded version still reads the same.
+    assert accept(deployment, capsys) == 0
+    assert run_promote(deployment, capsys, "--verify", "--emulator", "moto")[0] == 0
+    promoted = deployment.cdk_json.read_text()
+    # Pins edited by hand, or a record that is not the report's bytes: refused, naming what differs.
+    for edit, message in (
+            (lambda pins: pins["images"].update(cpu=pins["images"]["cpu"].replace(
+                deployment.digests["cpu"], deployment.digests["gpu"])),
+             "environments.prod.pins.images.cpu is"),
+            (lambda pins: pins["acceptance"].update(sha256="0" * 64),
+             "the report was changed after promote recorded it")):
+        cdk_json = json.loads(promoted)
+        edit(cdk_json["context"]["environments"]["prod"]["pins"])
+        deployment.cdk_json.write_text(json.dumps(cdk_json, indent=2) + "\n")
+        code, out, err = run_promote(deployment, capsys, "--verify", "--emulator", "moto")
+        assert code == 1 and out == "" and message in err, err

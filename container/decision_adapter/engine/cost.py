@@ -10,10 +10,13 @@ its recency. The per-token term is always in the model; the others come in only 
 down (full rank) and they explain the seconds markedly better, so that a few jobs of one shape do not extrapolate
 wildly to another.
 
-``CostModel.fastest`` is the most optimistic estimate the model's own record allows: its estimate times the
-smallest ratio of seconds taken to seconds foreseen among the recent jobs, and never more than half of it. A
-request is told that it can never fit (the non-retryable 4xx) only when even that is over what a request may
-take: a margin the estimate's error cannot explain.
+``CostModel.fastest`` is the most optimistic estimate the model's own record allows: its estimate times a low
+quantile (``OPTIMISM_QUANTILE``) of the ratios of seconds taken to seconds foreseen among the recent jobs, never
+the lowest ratio alone and never more than half of the estimate. A request is told that it can never fit (the
+non-retryable 4xx) only when even that is over what a request may take: a margin the estimate's error cannot
+explain. Not the lowest ratio: one job the model overestimated (the start-up probe's second job, typically, foreseen
+from the first's fixed costs) would otherwise make it lenient for the next ``MEMORY`` jobs, and an oversized request
+would run into its deadline (a fault the rollback alarm counts) instead of being refused at once.
 
 Pure: no llama.cpp; numpy for the fit.
 """
@@ -36,6 +39,9 @@ RECENCY = 0.95
 IMPROVEMENT = 0.2
 # The optimistic estimate is at most this share of the estimate, whatever the record says.
 MARGIN = 0.5
+# The share of the recent ratios (seconds taken / foreseen) below the one the optimistic estimate uses; at least the
+# lowest one is always below it, so one bad estimate never decides (and one ratio alone decides nothing).
+OPTIMISM_QUANTILE = 0.1
 
 
 @dataclass(frozen=True)
@@ -137,8 +143,10 @@ class CostModel:
         estimate = self.seconds(work)
         if estimate is None:
             return None
-        ratios = [s.seconds / s.foreseen_s for s in self._samples if s.foreseen_s]
-        return estimate * min([MARGIN, *ratios])
+        ratios = sorted(self.errors())
+        if len(ratios) < 2:
+            return estimate * MARGIN
+        return estimate * min(MARGIN, ratios[max(1, int(OPTIMISM_QUANTILE * len(ratios)))])
 
     def errors(self) -> list[float]:
         """Seconds taken over seconds foreseen, for each recent job the model could foresee."""

@@ -230,8 +230,9 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
 
 def dry_answer(decisions: list[Parsed], dry: DryRun, call: Call) -> Answer:
     """A dry run's answer: each decision's prompts, the request's figures and admission's verdict."""
-    payload = {"decisions": [{"id": d.id, **dry_run.prompts(dry, i, d.option_ids)} for i, d in enumerate(decisions)],
-               **dry_run.figures(dry, call, render)}
+    detail = dry_run.PromptDetail()
+    payload = {"decisions": [{"id": d.id, **dry_run.prompts(dry, i, d.option_ids, detail)}
+                             for i, d in enumerate(decisions)], **dry_run.figures(dry, call, render, detail)}
     return Answer({"dry_run": payload}, log={"decisions": len(decisions), **dry_run.log_fields(dry)})
 
 

@@ -130,7 +130,9 @@ def document() -> dict[str, Any]:
                     **sagemaker_errors}}},
             "/execution-parameters": {"get": {
                 "operationId": "executionParameters", "summary": "Batch Transform's discovery call",
-                "responses": {"200": _json(ExecutionParameters, "What this container honours.")}}},
+                "description": "Read only: whether the container serves a transform is its deployment's setting.",
+                "responses": {"200": _json(ExecutionParameters, "What this container honours."),
+                              "401": sagemaker_errors["401"], "503": sagemaker_errors["503"]}}},
             "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
                                       "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1.")}}},
             "/v1/systemone": {"post": {

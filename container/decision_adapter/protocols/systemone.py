@@ -289,8 +289,9 @@ def model_kind(info: dict[str, Any]) -> dict[str, Any]:
 
 def dry_answer(items: list[Item], dry: DryRun, call: Call) -> Answer:
     """A dry run's answer: each question's prompts by its id, the request's figures and admission's verdict."""
-    payload = {"questions": {item.qid: dry_run.prompts(dry, i, item.names) for i, item in enumerate(items)},
-               **dry_run.figures(dry, call, render)}
+    detail = dry_run.PromptDetail()
+    payload = {"questions": {item.qid: dry_run.prompts(dry, i, item.names, detail) for i, item in enumerate(items)},
+               **dry_run.figures(dry, call, render, detail)}
     return Answer({"model": call.model.served_id, "x_dry_run": payload},
                   log={"questions": len(items), **dry_run.log_fields(dry)})
 

@@ -2,8 +2,8 @@
 
 The budget is set by how the container is deployed, not by the body (``request_budget``): on an endpoint
 (``ADAPTER_DEPLOYMENT=realtime``) every request, a JSON-lines one too, has ``ADAPTER_REQUEST_TIMEOUT_S`` from its
-arrival and the token budget; in a Batch Transform job (``AdapterState.in_transform``: the settings say so, or
-SageMaker asked ``/execution-parameters``) every request is a mini-batch with 90% of
+arrival and the token budget; in a Batch Transform job (``AdapterState.in_transform``: the deployment's settings say
+so) every request is a mini-batch with 90% of
 ``ADAPTER_BATCH_TIMEOUT_S`` and no token budget (it is alone). ``answer_object`` is the one function that answers
 a request object, for the real-time routes and for each record of a batch alike: the protocol's answer, or its
 error in the protocol's shape (classified once, ``errors.classify``), with the protocol's headers.

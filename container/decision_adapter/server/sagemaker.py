@@ -12,8 +12,6 @@ records is answered record by record by ``batch``; its budget, like every reques
 
 from __future__ import annotations
 
-import logging
-
 from flask import Blueprint, Response, request
 
 from ..errors import ApiError
@@ -26,7 +24,6 @@ from .http import JSON_TYPES, JSONLINES_TYPES, json_response, media_type, read_b
 from .state import current
 
 blueprint = Blueprint("sagemaker", __name__)
-logger = logging.getLogger(__name__)
 KERNEL_KEYS = ("cpu_variant", "cpu_features")
 
 
@@ -55,14 +52,13 @@ def ping() -> Response:
 
 @blueprint.get("/execution-parameters")
 def execution_parameters() -> Response:
-    """Batch Transform asks this once per container, once it is healthy: what one instance can finish."""
+    """Batch Transform asks this once per container, once it is healthy: what one instance can finish. It only
+    reads: whether the container serves a transform is the deployment's (ADAPTER_DEPLOYMENT, or SAGEMAKER_BATCH,
+    which SageMaker sets in every transform container), never a request's, and the API key, where one is set, is
+    needed here as on the scoring routes (SageMaker's transform sends none: a transform sets no key)."""
+    gate.authenticate()
     gate.require_model()
     state = current()
-    if not state.in_transform:
-        logger.warning("/execution-parameters was called, which SageMaker does only in a Batch Transform: every "
-                       "request from now on is a mini-batch with the transform's budget (set ADAPTER_DEPLOYMENT="
-                       "transform to say so from the start)")
-        state.execution_parameters_asked = True
     model = state.readiness.model
     return json_response(batch.execution_parameters(state.settings, model.scheduler.tokens_per_s,
                                                     model.text_bytes_per_token).as_json())

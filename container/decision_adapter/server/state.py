@@ -28,15 +28,12 @@ class AdapterState:
     engine: Any = None  # an engine handed in (tests); None: the loader builds the real one
     loader: threading.Thread | None = field(default=None, repr=False)
     turns: LargeBodyTurns = field(default_factory=LargeBodyTurns)  # one large body parsed at a time
-    # SageMaker called /execution-parameters, which it does only in a Batch Transform: a transform started
-    # without ADAPTER_DEPLOYMENT=transform (or SAGEMAKER_BATCH) is one all the same.
-    execution_parameters_asked: bool = False
 
     @property
     def in_transform(self) -> bool:
-        """Whether this container serves a Batch Transform job: the settings say so, or SageMaker asked what a
-        transform asks."""
-        return self.settings.deployment == "transform" or self.execution_parameters_asked
+        """Whether this container serves a Batch Transform job: the deployment says so (ADAPTER_DEPLOYMENT, or
+        SAGEMAKER_BATCH, which SageMaker sets in every transform container); no request can make it one."""
+        return self.settings.deployment == "transform"
 
     def close(self) -> None:
         """Wait for the loader, then stop the model's scheduler and free what the loader loaded (an engine handed
