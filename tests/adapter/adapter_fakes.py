@@ -148,6 +148,7 @@ class FakeJob:
     plan: Plan
     result: object = None
     decoded_tokens: int = 0
+    compute_s: float = 0.0
 
 
 def fake_model_dir(tmp_path: Path) -> Path:

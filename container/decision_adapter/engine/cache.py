@@ -10,9 +10,16 @@ as just used. A put evicts from the least recently used end, each eviction O(1).
 
 A saved state also serves as a prefix of itself: it is put with the digests of its leading tokens at each of its
 micro-batch boundaries (``boundary_keys``), and a state that shares such a prefix restores it (``acquire_prefix``)
-and decodes only the rest. The prefix index maps each boundary digest to the saved states that hold it; what it
-costs is counted in its state's entry (``prefix_cost``) and leaves with it. A lookup is one digest per boundary
-of the request's own state, whatever the cache holds.
+and decodes only the rest. Where the model's memory has a part no cut brings back (a sliding window, a recurrent
+state), the saved state is a ``SavedState``: the sequence and its checkpoints at the boundaries it keeps, each
+counted in its entry, and it serves only those boundaries. The prefix index maps each boundary digest to the saved
+states that hold it, and a lookup takes the smallest of them (a short prefix does not restore a long state where a
+shorter one has it); what it costs is counted in its state's entry (``prefix_cost``) and leaves with it. A lookup is
+one digest per boundary of the request's own state, whatever the cache holds.
+
+A state that grows (an agent's transcript) keeps one entry: a state saved after restoring a prefix of another
+*supersedes* it when it serves every prefix that one served (``put``'s ``supersedes``), so a transcript's steps do not
+pile up one saved state each and evict everyone else's.
 """
 
 from __future__ import annotations
@@ -65,13 +72,25 @@ def _token_bytes(tokens: Sequence[int]) -> bytes:
 ORDERED_DICT_ITEM = 96
 
 
+@dataclass(frozen=True)
+class SavedState:
+    """A saved state on a memory that needs checkpoints: the sequence (head and state) and the checkpoints it keeps,
+    by the digest of the boundary each was taken at."""
+
+    blob: Any  # the saved sequence (a ctypes array)
+    checkpoints: dict[bytes, Any]  # boundary digest -> the checkpoint there
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return sum(ctypes.sizeof(c) for c in self.checkpoints.values())
+
+
 def size_of(value: Any) -> int:
-    """The bytes ``value`` holds: a buffer's length (and its object), or the deep size of a readout (slots
-    dataclasses, tuples, numbers; the shared singletons None, True and False cost nothing)."""
+    """The bytes ``value`` holds: a buffer's length (and its object), or the deep size of a readout or a
+    ``SavedState`` (slots dataclasses, tuples, dicts, numbers, buffers; the shared singletons None, True and False
+    cost nothing)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return sys.getsizeof(value)
-    if isinstance(value, ctypes.Array):
-        return ctypes.sizeof(value) + sys.getsizeof(value)
     seen: set[int] = set()
     total = 0
     stack = [value]
@@ -81,6 +100,9 @@ def size_of(value: Any) -> int:
             continue
         seen.add(id(item))
         total += sys.getsizeof(item)
+        if isinstance(item, ctypes.Array):
+            total += ctypes.sizeof(item)
+            continue
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
             stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
         elif isinstance(item, (tuple, list)):
@@ -97,6 +119,9 @@ class CacheStats:
     misses: int = 0
     evictions: int = 0
     prefix_hits: int = 0  # states restored in part: a saved state's prefix
+    superseded: int = 0  # saved states dropped for the state that grew from them
+    checkpoints: int = 0  # checkpoints the saved states hold now
+    checkpoint_bytes: int = 0  # their bytes (counted in the budget with their states)
 
 
 @dataclass(slots=True)
@@ -171,18 +196,24 @@ class PrefixCache:
             return self._find(key, pin=True)
 
     def acquire_prefix(self, digest: bytes) -> tuple[bytes, Any] | None:
-        """The saved state most recently put that holds the boundary ``digest`` (its key and value), held until
-        ``release(key)``; None when no state holds it."""
+        """The smallest saved state that holds the boundary ``digest`` (its key and value; of equal ones the most
+        recently put), held until ``release(key)``; None when no state holds it."""
         with self._lock:
             holders = self._prefixes.get(digest)
             if not holders:
                 return None
-            key = next(reversed(holders))
+            key = min(reversed(holders), key=lambda k: self._entries[k].size)
             entry = self._entries[key]
             self._entries.move_to_end(key)
             self.stats.prefix_hits += 1
             entry.pins += 1
             return key, entry.value
+
+    def prefixes_of(self, key: bytes) -> tuple[bytes, ...]:
+        """The boundary digests the saved state under ``key`` serves (none when it is not cached)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.prefixes if entry is not None else ()
 
     def holders(self, boundaries: Sequence[tuple[int, bytes]]) -> list[bytes]:
         """The keys of the saved states that hold any of these boundaries (``JobSpec.boundaries``)."""
@@ -205,16 +236,23 @@ class PrefixCache:
         entry.pins += pin
         return entry.value
 
-    def put(self, key: bytes, value: Any, size: int | None = None, prefixes: Sequence[bytes] = ()) -> bool:
+    def put(self, key: bytes, value: Any, size: int | None = None, prefixes: Sequence[bytes] = (),
+            supersedes: bytes | None = None, covering: Iterable[bytes] = ()) -> bool:
         """Keep ``value`` (a saved state with the digests of its micro-batch boundaries, ``prefixes``: it serves
         as each of those prefixes too); evicts the least recently used entries nobody holds to make room. False if
-        it cannot fit."""
+        it cannot fit. ``supersedes``: the saved state this one grew from (it restored a prefix of it), dropped when
+        every prefix it serves is among ``covering`` (this state's boundaries): this one takes its place."""
         prefixes = tuple(prefixes)
         size = entry_cost(key, size if size is not None else size_of(value)) + prefix_cost(prefixes)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(key, old)
+            if supersedes is not None and supersedes != key and (grown := self._entries.get(supersedes)) is not None \
+                    and set(grown.prefixes) <= set(covering):
+                del self._entries[supersedes]
+                self._forget(supersedes, grown)
+                self.stats.superseded += 1
             if size > self.budget_bytes:
                 return False
             self._make_room(size)
@@ -222,13 +260,23 @@ class PrefixCache:
                 return False  # what is left is held by the running job
             self._entries[key] = _Entry(value, size, old.pins if old is not None else 0, prefixes)
             self._bytes += size
+            if isinstance(value, SavedState):
+                self.stats.checkpoints += len(value.checkpoints)
+                self.stats.checkpoint_bytes += value.checkpoint_bytes
             for digest in prefixes:
                 self._prefixes.setdefault(digest, {})[key] = None
             return True
 
+    def fits(self, value: Any, key: bytes, prefixes: Sequence[bytes] = ()) -> bool:
+        """Whether ``value`` under ``key`` with these prefixes could be kept at all: its cost within the budget."""
+        return entry_cost(key, size_of(value)) + prefix_cost(tuple(prefixes)) <= self.budget_bytes
+
     def _forget(self, key: bytes, entry: _Entry) -> None:
-        """Account for an entry taken out of ``_entries``: its bytes and its prefixes."""
+        """Account for an entry taken out of ``_entries``: its bytes, its prefixes and its checkpoints."""
         self._bytes -= entry.size
+        if isinstance(entry.value, SavedState):
+            self.stats.checkpoints -= len(entry.value.checkpoints)
+            self.stats.checkpoint_bytes -= entry.value.checkpoint_bytes
         for digest in entry.prefixes:
             holders = self._prefixes.get(digest)
             if holders is not None:
@@ -262,3 +310,4 @@ class PrefixCache:
             self._entries.clear()
             self._prefixes.clear()
             self._bytes = 0
+            self.stats.checkpoints = self.stats.checkpoint_bytes = 0
