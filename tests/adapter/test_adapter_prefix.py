@@ -194,19 +194,16 @@ def test_a_short_prefix_restores_the_smallest_saved_state_that_holds_it():
     assert cache.acquire_prefix(long[-1][1])[0] == b"long"
 
 
-def test_a_state_grown_from_a_saved_state_takes_its_place_where_it_serves_its_prefixes():
+def test_a_state_grown_from_a_saved_state_takes_its_place_where_it_took_up_one_of_its_last_prefixes():
     cache = PrefixCache(1 << 20)
-    step1 = boundary_keys(tuple(range(500)), 0, 500, 64)
+    step1 = boundary_keys(tuple(range(500)), 0, 500, 64)  # 7 boundaries
     step2 = boundary_keys(tuple(range(700)), 0, 700, 64)
-    other = boundary_keys(tuple(range(400)) + (9,) * 300, 0, 700, 64)
+    branch = boundary_keys(tuple(range(200)) + (9,) * 500, 0, 700, 64)
     cache.put(b"step1", b"a" * 500, prefixes=[d for _, d in step1])
-    cache.put(b"step2", b"b" * 700, prefixes=[d for _, d in step2], supersedes=b"step1",
-              covering=[d for _, d in step2])
-    assert b"step1" not in cache and cache.stats.superseded == 1 and len(cache) == 1
-    # a state that shares only part of it (a branch) leaves it
-    cache.put(b"branch", b"c" * 700, prefixes=[d for _, d in other], supersedes=b"step2",
-              covering=[d for _, d in other])
-    assert b"step2" in cache and b"branch" in cache and cache.stats.superseded == 1
+    cache.put(b"branch", b"c" * 700, prefixes=[d for _, d in branch], grown_from=(b"step1", step1[2][1]))
+    assert b"step1" in cache and cache.stats.superseded == 0  # a branch from further back leaves it
+    cache.put(b"step2", b"b" * 700, prefixes=[d for _, d in step2], grown_from=(b"step1", step1[-2][1]))
+    assert b"step1" not in cache and cache.stats.superseded == 1 and cache.holder_count == 2
 
 
 def test_checkpoints_count_in_the_budget_and_in_the_stats():
@@ -471,6 +468,45 @@ def test_concurrent_requests_over_one_grown_state_decode_its_new_part_once(apps)
         body = decision(grown)
         body["decisions"][0]["question"] = questions[i]
         assert answers(r) == answers(fresh.post("/invocations", json=body).get_json())
+
+
+def test_interleaved_agents_keep_one_saved_state_each_and_answer_as_a_fresh_server(apps, warm_engine):
+    """Two agents whose transcripts grow in turns: every step == a fresh server, each step takes its own agent's
+    transcript up again, and the cache keeps one saved state per agent, not one per step."""
+    warm, fresh = apps
+    before = warm_engine.cache.holder_count
+    other = [line.replace("service=", "svc:").replace("user=", "by ") for line in reversed(EVENTS)]
+    logs = {"ops": EVENTS, "audit": other}
+    for step, n in enumerate((30, 34, 38, 42)):
+        for name, log in logs.items():
+            got, want = ask_both(warm, fresh, decision("\n".join(log[:n])))
+            assert answers(got) == answers(want), (name, step)
+            if step:
+                assert got["timing"]["cached_tokens"] >= 4 * BATCH, (name, step, got["timing"])
+    assert warm_engine.cache.holder_count == before + 2  # the start-up probe's state, and one per agent
+    assert warm_engine.cache.stats.superseded == 6
+
+
+def test_saved_states_evicted_under_a_small_budget_leave_answers_exact(apps, warm_engine):
+    """A budget that holds one saved state but not two (its checkpoints counted with it): states and checkpoints
+    are evicted as agents alternate, and every answer is still == a fresh server's."""
+    warm, fresh = apps
+    before = warm_engine.cache.bytes
+    ask_both(warm, fresh, decision("\n".join(EVENTS[:40])))
+    one = warm_engine.cache.bytes - before  # the state, its checkpoints, its answer
+    saved, evicted = warm_engine.cache.budget_bytes, warm_engine.cache.stats.evictions
+    warm_engine.cache.clear()
+    warm_engine.cache.budget_bytes = one + one // 2
+    try:
+        other = [line.replace("latency_ms", "ms") for line in EVENTS]
+        for n in (40, 44, 48):
+            for log in (EVENTS, other):
+                got, want = ask_both(warm, fresh, decision("\n".join(log[:n])))
+                assert answers(got) == answers(want)
+                assert warm_engine.cache.bytes <= warm_engine.cache.budget_bytes
+        assert warm_engine.cache.stats.evictions > evicted
+    finally:
+        warm_engine.cache.budget_bytes = saved
 
 
 def test_forget_drops_the_states_that_hold_a_spec_s_prefixes(warm_engine):

@@ -17,9 +17,10 @@ states that hold it, and a lookup takes the smallest of them (a short prefix doe
 shorter one has it); what it costs is counted in its state's entry (``prefix_cost``) and leaves with it. A lookup is
 one digest per boundary of the request's own state, whatever the cache holds.
 
-A state that grows (an agent's transcript) keeps one entry: a state saved after restoring a prefix of another
-*supersedes* it when it serves every prefix that one served (``put``'s ``supersedes``), so a transcript's steps do not
-pile up one saved state each and evict everyone else's.
+A state that grows (an agent's transcript) keeps one entry: a state saved after restoring a prefix of another at
+one of that one's last two prefixes *supersedes* it (``put``'s ``grown_from``): the state it grew from is dropped,
+so a transcript's steps do not pile up one saved state each and evict everyone else's. A state that branched
+further back (restored an earlier prefix) leaves it.
 """
 
 from __future__ import annotations
@@ -175,6 +176,12 @@ class PrefixCache:
         """Boundary digests the prefix index holds."""
         return len(self._prefixes)
 
+    @property
+    def holder_count(self) -> int:
+        """Saved states that serve as prefixes."""
+        with self._lock:
+            return len({key for holders in self._prefixes.values() for key in holders})
+
     def __contains__(self, key: bytes) -> bool:
         """An entry's key, or a boundary digest some saved state holds."""
         return key in self._entries or key in self._prefixes
@@ -237,21 +244,22 @@ class PrefixCache:
         return entry.value
 
     def put(self, key: bytes, value: Any, size: int | None = None, prefixes: Sequence[bytes] = (),
-            supersedes: bytes | None = None, covering: Iterable[bytes] = ()) -> bool:
+            grown_from: tuple[bytes, bytes] | None = None) -> bool:
         """Keep ``value`` (a saved state with the digests of its micro-batch boundaries, ``prefixes``: it serves
         as each of those prefixes too); evicts the least recently used entries nobody holds to make room. False if
-        it cannot fit. ``supersedes``: the saved state this one grew from (it restored a prefix of it), dropped when
-        every prefix it serves is among ``covering`` (this state's boundaries): this one takes its place."""
+        it cannot fit. ``grown_from``: the saved state this one restored a prefix of and the digest of that prefix;
+        where it is one of that state's last two prefixes, this one takes its place (the module's text)."""
         prefixes = tuple(prefixes)
         size = entry_cost(key, size if size is not None else size_of(value)) + prefix_cost(prefixes)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(key, old)
-            if supersedes is not None and supersedes != key and (grown := self._entries.get(supersedes)) is not None \
-                    and set(grown.prefixes) <= set(covering):
-                del self._entries[supersedes]
-                self._forget(supersedes, grown)
+            if grown_from is not None and grown_from[0] != key \
+                    and (grown := self._entries.get(grown_from[0])) is not None \
+                    and grown_from[1] in grown.prefixes[-2:]:
+                del self._entries[grown_from[0]]
+                self._forget(grown_from[0], grown)
                 self.stats.superseded += 1
             if size > self.budget_bytes:
                 return False

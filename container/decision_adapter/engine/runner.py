@@ -208,8 +208,8 @@ class Runner:
     def _keep(self, job: Job, step: Save) -> None:
         """The state the job saved, into the cache: on a memory that needs checkpoints with the checkpoints it keeps
         (taken by this job, or, below the prefix it restored, the ones the saved state it grew from had), serving
-        as a prefix at those boundaries only. A state grown from a saved state takes its place where it serves
-        every prefix that one did (``PrefixCache.put``)."""
+        as a prefix at those boundaries only. A state grown from a saved state takes its place (``PrefixCache.put``:
+        where it restored one of that one's last two prefixes)."""
         blob = job.outcome.saved.pop(step.key)
         value: SavedState | Blob = blob
         prefixes = step.prefixes
@@ -219,8 +219,8 @@ class Runner:
             checkpoints = {digest: found for digest in step.prefixes
                            if (found := taken.get(checkpoint_key(digest), inherited.get(digest))) is not None}
             value, prefixes = SavedState(blob, checkpoints), tuple(checkpoints)
-        if not self.cache.put(step.key, value, prefixes=prefixes, supersedes=job.source[0] if job.source else None,
-                              covering=(digest for _, digest in job.spec.boundaries)) \
+        grown_from = (job.source[0], job.spec.prefix_key) if job.source and job.spec.prefix_key else None
+        if not self.cache.put(step.key, value, prefixes=prefixes, grown_from=grown_from) \
                 and not self.cache.fits(value, step.key, prefixes):
             self._too_large = min(self._too_large, step.tokens)
 
