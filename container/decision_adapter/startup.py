@@ -125,7 +125,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture,
                    "threads": settings.threads, "gpu_layers": settings.gpu_layers,
                    "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
-                   "layout": engine.layout}
+                   "layout": engine.layout, **engine.memory_info}
         scheduler = Scheduler(engine.runner, queue_tokens=settings.queue_tokens)
         model = DecisionModel(engine, scheduler, identity,
                               Limits(settings.max_prompt_tokens, settings.max_request_tokens), runtime,
@@ -146,7 +146,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                     "python -m decision_adapter.calibrate --debias %s", calibration.debias, settings.debias,
                     settings.debias)
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
-                                              "manifest": identity.manifest,
+                                              "manifest": identity.manifest, **engine.memory_info,
                                               "calibration": dict(calibration.temperatures) if calibration else None,
                                               "load_s": round(time.perf_counter() - started, 3)}})
     return model

@@ -33,6 +33,7 @@ class FakeEngine:
     layout = "exact"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
     kernel_info = {"cpu_variant": "fake", "cpu_features": []}
+    memory_info = {"memory": "plain", "window": 0, "reuse": {}}
 
     @property
     def vocabulary(self) -> "FakeEngine":

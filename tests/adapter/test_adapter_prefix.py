@@ -509,6 +509,16 @@ def test_saved_states_evicted_under_a_small_budget_leave_answers_exact(apps, war
         warm_engine.cache.budget_bytes = saved
 
 
+def test_ping_and_every_result_name_the_memory_kind_and_the_reuse_it_gets(apps, kind):
+    warm, _ = apps
+    ping = warm.get("/ping").get_json()
+    assert ping["memory"] == kind and set(ping["reuse"]) == {"states", "prefixes", "stems"}
+    assert ("checkpoint" in ping["reuse"]["prefixes"]) == (kind != "plain")
+    model = warm.post("/invocations", json=decision("\n".join(EVENTS[:5]))).get_json()["results"][0]["model"]
+    assert (model["memory"], model["window"] > 0) == (kind, kind == "sliding-window")
+    assert model["reuse"] == ping["reuse"]
+
+
 def test_forget_drops_the_states_that_hold_a_spec_s_prefixes(warm_engine):
     warm_engine.cache.clear()
     tokens = warm_engine.vocabulary.tokenize("\n".join(EVENTS[:30]))

@@ -51,6 +51,7 @@ class ScoringEngine(Protocol):
     ctx_tokens: int
     train_ctx_tokens: int
     layout: str  # how its jobs are laid out (engine.plan): every result's model reports it
+    memory_info: dict[str, Any]  # its memory kind and the reuse that applies (engine.memory_kind)
 
     @property
     def resident_tokens(self) -> int: ...

@@ -306,6 +306,14 @@ class ModelInfo(Response):
                                                            "<question type>[.<bucket>], as used.")
     labels: int | None = Field(None, description="A decision GGUF's single-token labels on this vocabulary: the "
                                                  "most options it answers.")
+    memory: str | None = Field(None, description="What the model's memory is made of, which decides how a state is "
+                                                 "reused exactly: plain (attention over every position), "
+                                                 "sliding-window, hybrid (recurrent layers beside attention) or "
+                                                 "recurrent.")
+    window: int | None = Field(None, description="The sliding window's width in positions (0: none).")
+    reuse: dict[str, str] | None = Field(None, description="What each reuse does on this memory: a cached state "
+                                         "(states), a cached state's prefix (prefixes) and the orderings' shared "
+                                         "stem (stems).")
 
 
 class Calibration(Response):
