@@ -48,6 +48,12 @@ def tokens_key(kind: str, tokens: Sequence[int], *extra: Iterable[Sequence[int]]
     return digest.digest()
 
 
+def answer_key(prompt: Sequence[int], labels: Sequence[Sequence[int]], state_end: int, stem_end: int) -> bytes:
+    """Where a prompt's answer is cached: its tokens, its labels and its layout (where its state and its stem end):
+    the same tokens laid out otherwise are another answer, never served for this one."""
+    return tokens_key("answer", prompt, labels, [(state_end, stem_end)])
+
+
 def boundary_keys(tokens: Sequence[int], start: int, last: int, step: int) -> tuple[tuple[int, bytes], ...]:
     """Each micro-batch boundary ``end`` of a decode of ``tokens`` from ``start`` in micro-batches of ``step``
     (``start + step``, ``start + 2 * step``, ... up to ``last``), with the digest of ``tokens[:end]``: one running

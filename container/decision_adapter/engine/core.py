@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .cache import PrefixCache, boundary_keys, tokens_key
+from .cache import PrefixCache, answer_key, boundary_keys, tokens_key
 from .llama_model import EngineOptions, LlamaModel, check_gpu_layers, init_backend, versions
+from .memory_kind import MemoryKind
 from .plan import JobSpec, Limits, Plan, kept_boundaries, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix
 from .runner import Runner, answer_keys
@@ -76,6 +77,11 @@ class Engine:
         return "fused" if self.limits.fused else "exact"
 
     @property
+    def memory(self) -> MemoryKind:
+        """What the model's memory is made of (``memory_kind``)."""
+        return self.limits.memory
+
+    @property
     def memory_info(self) -> dict[str, object]:
         """The model's memory kind and what each reuse does on it (``/ping``, the start-up log)."""
         return self.limits.memory.describe(stems=self.stems and not self.runner.cuts_refused)
@@ -125,8 +131,6 @@ class Engine:
         # for a state as long as one that did not fit, nothing is saved, and admission counts on nothing.
         cached = end > head and self.runner.could_cache(end)
         state_key = tokens_key("state", prompts[0][:end]) if cached else None
-        keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(prompts, tries)) \
-            if self.cache.budget_bytes > 0 else ()
         # The state's micro-batch boundaries (the fused layout's last one holds a prompt's tokens too, so it is not
         # one): where a cached prefix of it may end, and where a sliding window is laid out as a restore lays it
         # out, cached or not.
@@ -140,8 +144,11 @@ class Engine:
         # A stem that does not reach past the state is no stem; none where the probe found a stem's rest inexact.
         own_stems = tuple(max(end, min(stem, len(p) - 1)) for stem, p in zip(stems, prompts)) \
             if stems and self.stems and reuse else ()
+        own_stems = own_stems if any(s > end for s in own_stems) else ()
+        keys = tuple(answer_key(p, t.sequences, end, own_stems[i] if own_stems else end)
+                     for i, (p, t) in enumerate(zip(prompts, tries))) if self.cache.budget_bytes > 0 else ()
         return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys, boundaries=boundaries,
-                       prefixes=prefixes, stems=own_stems if any(s > end for s in own_stems) else ())
+                       prefixes=prefixes, stems=own_stems)
 
     def plan(self, spec: JobSpec) -> Plan:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from .cache import PrefixCache, SavedState, tokens_key
+from .cache import PrefixCache, SavedState, answer_key
 from .errors import EngineError, RestoreFailed, ScoringFailed
 from .executor import Executor, Outcome
 from .llama_model import LlamaModel
@@ -74,7 +74,8 @@ def sequence(saved: SavedState | Blob) -> Blob:
 
 def answer_keys(spec: JobSpec) -> tuple[bytes, ...]:
     """Where each prompt's answer is cached: the spec's own keys, or the digests of its prompts and labels."""
-    return spec.answer_keys or tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+    return spec.answer_keys or tuple(answer_key(p, t.sequences, spec.state_end, spec.stem(i))
+                                     for i, (p, t) in enumerate(zip(spec.prompts, spec.tries)))
 
 
 class Runner:

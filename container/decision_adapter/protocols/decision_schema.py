@@ -74,7 +74,8 @@ class Option(StrictModel):
 
 
 class Decision(StrictModel):
-    id: NonEmptyName = Field(description="Caller-defined, echoed back; never shown to the model.")
+    id: NonEmptyName = Field(description="Caller-defined, echoed back; shown to the model only by a decision GGUF's "
+                                         "template (then checked for its control tokens).")
     state: State
     question: NonEmptyText
     options: Annotated[list[Option], BeforeValidator(_option_count), Field(min_length=2, max_length=MAX_OPTIONS)]

@@ -33,10 +33,12 @@ class RequestContext:
     control_tokens: re.Pattern[str] | None = None  # texts the model would parse as its control tokens
     max_decisions: int = 64
     served_id: str = ""
+    names_shown: bool = False  # ids are rendered into the prompt (a decision GGUF's template is given them)
 
     @classmethod
     def of(cls, model: DecisionModel, max_decisions: int) -> "RequestContext":
-        return cls(control_tokens=model.control_tokens, max_decisions=max_decisions, served_id=model.served_id)
+        return cls(control_tokens=model.control_tokens, max_decisions=max_decisions, served_id=model.served_id,
+                   names_shown=model.letter is not None)
 
 
 class StrictModel(BaseModel):
@@ -85,9 +87,15 @@ def _readable(value: str, info: ValidationInfo) -> str:
 
 
 def _echoable(value: str, info: ValidationInfo) -> str:
-    if problem := string_problem(value, info.context, shown=False):
+    if problem := string_problem(value, info.context, shown=names_shown(info.context)):
         raise problem
     return value
+
+
+def names_shown(context: Any) -> bool:
+    """Whether the model reads the request's ids (a decision GGUF's template renders them): then they are text it
+    reads, checked for its control tokens like any other."""
+    return bool(getattr(context, "names_shown", False))
 
 
 def _non_empty(value: Any) -> Any:
@@ -205,7 +213,8 @@ Text = Annotated[str, AfterValidator(_readable)]
 # Text the model reads that must say something.
 NonEmptyText = Annotated[str, BeforeValidator(_non_empty), AfterValidator(_readable),
                          Field(min_length=1, pattern=r"\S")]
-# A caller's name that is echoed back but never shown to the model (a decision id, a question id).
+# A caller's name that is echoed back (a decision id, a question id): shown to the model only by a decision GGUF's
+# template, and checked for its control tokens then.
 NonEmptyName = Annotated[str, BeforeValidator(_non_empty), AfterValidator(_echoable),
                          Field(min_length=1, pattern=r"\S")]
 

@@ -25,7 +25,8 @@ from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, json_text, st
 from ..errors import Failure, InputError, Loc
 from . import dry_run
 from .call import Answer, Call
-from .fields import DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, printable, string_problem
+from .fields import (DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, names_shown, printable,
+                     string_problem)
 
 ALIAS = "jev-latest"
 MAX_SCORE_LEVELS = 10
@@ -64,7 +65,7 @@ def _question_id(value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, str):
         if not value:
             raise PydanticCustomError("string_too_short", "Question ids must be non-empty strings")
-        if problem := string_problem(value, info.context, shown=False):
+        if problem := string_problem(value, info.context, shown=names_shown(info.context)):
             raise problem
     return value
 
