@@ -514,9 +514,49 @@ def test_ping_and_every_result_name_the_memory_kind_and_the_reuse_it_gets(apps, 
     ping = warm.get("/ping").get_json()
     assert ping["memory"] == kind and set(ping["reuse"]) == {"states", "prefixes", "stems"}
     assert ("checkpoint" in ping["reuse"]["prefixes"]) == (kind != "plain")
+    assert ping["reuse"]["stems"].startswith("orderings share their stem")  # the start-up probe found them exact
     model = warm.post("/invocations", json=decision("\n".join(EVENTS[:5]))).get_json()["results"][0]["model"]
     assert (model["memory"], model["window"] > 0) == (kind, kind == "sliding-window")
     assert model["reuse"] == ping["reuse"]
+
+
+def test_with_the_cache_off_nothing_is_saved_and_admission_counts_on_nothing(fresh_engine):
+    tokens = fresh_engine.vocabulary.tokenize("\n".join(EVENTS[:30]))
+    head = fresh_engine.runner.head
+    spec = fresh_engine.job_spec([head + tuple(tokens) + (1, 2, 3)], [SINGLE], (len(head), len(head) + len(tokens)))
+    assert spec.state_key is None and spec.answer_keys == () and spec.prefixes == ()
+    assert list(leaves(spec)) == []
+    assert not steps_of(fresh_engine.plan(spec), Save)
+
+
+def test_a_cut_refused_after_a_prefix_restore_restarts_the_job_and_turns_prefixes_and_stems_off(
+        apps, warm_engine, monkeypatch):
+    """llama.cpp refusing a cut the memory kind allows (a memory this adapter does not know): the job is decoded
+    again from the head, answers == a fresh server's, and from then on no prefix or stem is used."""
+    warm, fresh = apps
+    ask_both(warm, fresh, decision("\n".join(EVENTS[:40])))
+    memory = warm_engine.runner._memory
+    cut = memory.cut
+    refused = []
+
+    def refusing(seq, tokens):
+        if seq == STATE_SEQ and not refused:
+            refused.append(tokens)
+            from decision_adapter.engine.errors import CutRefused
+
+            raise CutRefused("refused for the test")
+        cut(seq, tokens)
+
+    monkeypatch.setattr(memory, "cut", refusing)
+    try:
+        got, want = ask_both(warm, fresh, decision("\n".join(EVENTS[:44]), permutations=2))
+        assert refused and answers(got) == answers(want)
+        assert got["timing"]["cached_tokens"] == 0  # decoded again from the head
+        assert warm.get("/ping").get_json()["reuse"]["stems"].startswith("off")
+        again, _ = ask_both(warm, fresh, decision("\n".join(EVENTS[:48])))
+        assert again["timing"]["cached_tokens"] == 0
+    finally:
+        warm_engine.runner.cuts_refused = False
 
 
 def test_forget_drops_the_states_that_hold_a_spec_s_prefixes(warm_engine):

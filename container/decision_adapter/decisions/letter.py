@@ -413,16 +413,15 @@ class LetterPreparer:
         """The tokens every prompt starts with whatever the request: the common prefix of two unlike renderings,
         cut after its last control token (text after a special token tokenizes on its own, so no request can
         merge into it); kept resident, decoded once at load."""
-        def sample(state: Any, instructions: str, keys: tuple[str, str]) -> list[int]:
-            from .prepare import QuestionSource
-
-            q = Question(("probe",), "", "", ("", ""), (), (), (), kind="choice",
-                         source=QuestionSource("q", "choice", instructions, state, ((keys[0], None), (keys[1], "x"))))
+        def sample(state: Any, sentinel: QuestionSource) -> list[int]:
+            q = Question(("probe",), "", "", ("", ""), (), (), (), kind=sentinel.type,
+                         source=dataclasses.replace(sentinel, state=state))
             text = self.template.render(render_values(self.rules, q, shown_options(self.rules, q)))
             return self.tokenizer.tokenize(text, special=True)
 
-        a = sample("Alpha state.", "First?", ("one", "two"))
-        b = sample({"z": [1, 2]}, "Zebra question!", ("xyz", "uvw"))
+        # unlike in every field (id and type too: a template may show them before its last control token)
+        a = sample("Alpha state.", SENTINELS[0])
+        b = sample({"z": [1, 2]}, SENTINELS[1])
         shared = a[:common_prefix([a, b])]
         controls = {self.tokenizer.tokenize(text, special=True)[0] for text in control_texts
                     if len(self.tokenizer.tokenize(text, special=True)) == 1}

@@ -212,12 +212,12 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
     stats = answered.stats
     results = [result(d, s, call.model.model_info) for d, s in zip(decisions, answered.results)]
     timing = {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
-              "total": time.perf_counter() - call.started, "cached_tokens": stats.cached_tokens,
-              "evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens}
+              "memory": stats.memory_s, "total": time.perf_counter() - call.started,
+              "cached_tokens": stats.cached_tokens, "evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens}
     log = {"decisions": len(decisions), "input_tokens": sum(s.input_tokens for s in answered.results),
            "queue_s": round(answered.queue_s, 6), "prefill_s": round(stats.prefill_s, 6),
-           "readout_s": round(stats.readout_s, 6), "compute_s": round(stats.prefill_s + stats.readout_s, 6),
-           "evaluated_tokens": stats.evaluated_tokens}
+           "readout_s": round(stats.readout_s, 6), "memory_s": round(stats.memory_s, 6),
+           "compute_s": round(stats.compute_s, 6), "evaluated_tokens": stats.evaluated_tokens}
     if answered.prior_stats:
         timing.update({"prior": answered.prior_s, "prior_tokens": answered.prior_tokens})
         log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
@@ -346,6 +346,8 @@ class Timing(Response):
     queue: float
     prefill: float
     readout: float
+    memory: float | None = Field(None, description="Seconds moving saved memory (restoring cached states and "
+                                                   "checkpoints, saving, cutting back): no tokens computed.")
     total: float
     cached_tokens: int | None = Field(None, description="Tokens of the prompt taken from the state cache.")
     evaluated_tokens: int | None = Field(None, description="Tokens decoded for the request: the state, each "

@@ -24,6 +24,11 @@ from ..decisions.debias import MODES
 from ..decisions.model import DecisionModel
 
 SURROGATE = re.compile("[\ud800-\udfff]")
+# Unicode's noncharacters (U+FDD0..U+FDEF and the last two code points of every plane): reserved for a program's
+# internal use, never text to interchange; this adapter marks places in prompts with them (decisions.letter).
+NONCHARACTERS = "\ufdd0-\ufdef" + "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
+# What no request string may hold: a lone surrogate (not text) or a noncharacter.
+NOT_TEXT = re.compile(f"[\ud800-\udfff{NONCHARACTERS}]")
 
 
 @dataclass(frozen=True)
@@ -68,11 +73,16 @@ def printable(text: str) -> str:
 
 
 def string_problem(text: str, context: Any, *, shown: bool) -> PydanticCustomError | None:
-    """Why ``text`` cannot be taken, or None: a lone surrogate, or (if the model reads it) a control token."""
-    if found := SURROGATE.search(text):
+    """Why ``text`` cannot be taken, or None: a lone surrogate, a noncharacter, or (if the model reads it) a control
+    token."""
+    if found := NOT_TEXT.search(text):
+        if SURROGATE.match(found.group()):
+            return PydanticCustomError(
+                "string_surrogate", "holds a lone surrogate {code}, which is not text (send UTF-8 or a surrogate pair)",
+                {"code": f"\\u{ord(found.group()):04x}"})
         return PydanticCustomError(
-            "string_surrogate", "holds a lone surrogate {code}, which is not text (send UTF-8 or a surrogate pair)",
-            {"code": f"\\u{ord(found.group()):04x}"})
+            "string_noncharacter", "holds the noncharacter {code}, which Unicode reserves for a program's own use: "
+            "it is not text", {"code": f"U+{ord(found.group()):04X}"})
     control = getattr(context, "control_tokens", None)
     if shown and control is not None and (found := control.search(text)):
         return PydanticCustomError("control_token", "{problem}",
@@ -113,14 +123,15 @@ def check_json(value: Any, info: ValidationInfo) -> Any:
 
 
 def json_problem(value: Any, context: Any) -> InitErrorDetails | None:
-    """The first key, string or number of ``value`` that cannot be taken (a lone surrogate, the model's control
-    token, a number that is not finite), in document order and located from ``value``; None if there is none.
+    """The first key, string or number of ``value`` that cannot be taken (a lone surrogate, a noncharacter, the
+    model's control token, a number that is not finite), in document order and located from ``value``; None if
+    there is none.
 
     Two walks, both iterative: ``_clean`` checks the value with the work per item in C (``map`` and ``filter``
     over each large container), keeping one reference per container still to check; only when it finds
     something does ``_first_problem`` walk item by item, with one iterator per level of nesting (at most
     ``bodies.MAX_DEPTH``), to say where. Neither keeps anything else per item."""
-    searches = [SURROGATE.search]
+    searches = [NOT_TEXT.search]
     control = getattr(context, "control_tokens", None)
     if control is not None:
         searches.append(control.search)

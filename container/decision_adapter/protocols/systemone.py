@@ -271,11 +271,12 @@ def answer_request(body: Any, call: Call) -> Answer:
         "x_evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens,  # label paths included
         "x_cached_tokens": stats.cached_tokens,
         "x_timing": {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
-                     "total": time.perf_counter() - call.started},
+                     "memory": stats.memory_s, "total": time.perf_counter() - call.started},
     }
     log = {"questions": len(items), "input_tokens": input_tokens, "queue_s": round(answered.queue_s, 6),
            "prefill_s": round(stats.prefill_s, 6), "readout_s": round(stats.readout_s, 6),
-           "compute_s": round(stats.prefill_s + stats.readout_s, 6), "evaluated_tokens": stats.evaluated_tokens}
+           "memory_s": round(stats.memory_s, 6), "compute_s": round(stats.compute_s, 6),
+           "evaluated_tokens": stats.evaluated_tokens}
     if answered.prior_stats:
         payload["x_timing"]["prior"] = answered.prior_s
         payload["x_prior_tokens"] = answered.prior_tokens
@@ -460,6 +461,8 @@ class SystemOneTiming(Response):
     queue: float
     prefill: float
     readout: float
+    memory: float | None = Field(None, description="Seconds moving saved memory (restoring cached states and "
+                                                   "checkpoints, saving, cutting back): no tokens computed.")
     total: float
     prior: float | None = Field(None, description="Seconds spent scoring the priors of debiased answers (0 when "
                                                   "they came from the cache).")
