@@ -81,11 +81,13 @@ class Readiness:
 @dataclass(frozen=True)
 class Experiment:
     """What the benchmarks vary and no deployment sets: how a job's tokens are grouped into ``llama_decode`` calls
-    (``engine.plan``: exact, or fused) and the wording of the prompt (``decisions.prompt.STYLES``). The server
+    (``engine.plan``: exact, or fused), the wording of the prompt (``decisions.prompt.STYLES``) and which boundaries
+    of a saved state keep a checkpoint where the memory needs one (``engine.plan.kept_boundaries``). The server
     runs the defaults, chosen by measurement (docs/benchmarks.md)."""
 
     layout: str = "exact"
     prompt_style: str = DEFAULT_STYLE
+    checkpoints: str = "spaced"
 
 
 def engine_options(settings: Settings, experiment: Experiment = Experiment()):
@@ -95,7 +97,7 @@ def engine_options(settings: Settings, experiment: Experiment = Experiment()):
                          batch_tokens=settings.batch_tokens, parallel_sequences=PARALLEL_SEQUENCES,
                          flash_attention=settings.flash_attention == "on", kv_cache_type=settings.kv_cache_type,
                          state_cache_bytes=settings.state_cache_mb << 20, layout=experiment.layout,
-                         cpu_variant=settings.cpu_variant)
+                         cpu_variant=settings.cpu_variant, checkpoints=experiment.checkpoints)
 
 
 def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *, calibrated: bool = True,

@@ -716,7 +716,8 @@ def combine_question(rules: LetterRules, prepared: Prepared, read: Readouts, i: 
         debias=debias,
         prior=prior_shown,
         answer=answer,
-        temperature=temperature)
+        temperature=temperature,
+        orderings=len(mine))
 
 
 class LetterReadout:

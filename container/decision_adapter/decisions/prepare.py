@@ -180,6 +180,13 @@ class Prepared:
     # question. No prior is scored for them, and they are answered as with debias off.
     no_prior: frozenset[int] = frozenset()
     loc: Loc = ()  # where errors about the request as a whole point (the decision, or the decisions)
+    # For each question scored in fewer orderings than the server's default because the default would not fit
+    # (``DecisionModel.prepare``): why; None where it got what it asked for or the default. (): none fewer.
+    fewer: tuple[str | None, ...] = ()
+
+    def fewer_orderings(self, question: int) -> str | None:
+        """Why question ``question`` got fewer orderings than the server's default, or None."""
+        return self.fewer[question] if self.fewer else None
 
     def prompts_of(self, question: int) -> list[int]:
         """The indices of question ``question``'s prompts (one per ordering)."""

@@ -22,6 +22,7 @@ from ..decisions.model import DryRun, Question, QuestionSource, Scored
 from ..decisions.prompt import state_text
 from ..errors import Failure, InputError, Loc
 from . import dry_run
+from .orderings import Orderings, answered_orderings
 from .call import Answer, Call
 from .fields import DEBIAS_DESCRIPTION, DebiasName, NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, \
     check_json, printable
@@ -205,7 +206,7 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
     """Answer a ``decision`` or ``decisions`` body (with ``x_dry_run``: what it would do). Raises InputError, or
     what ``call.score`` raises."""
     decisions, single, dry = parse_request(body, call.context)
-    prepared = call.model.prepare([d.question for d in decisions])
+    prepared = call.prepare([d.question for d in decisions])
     if dry:
         return dry_answer(decisions, call.dry_run(prepared), call)
     answered = call.score(prepared)
@@ -259,8 +260,10 @@ def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict
         **({"temperature": scored.temperature} if scored.temperature is not None else {}),
         **({"debias": {**scored.debias, **({"prior": list(scored.prior)} if decision.question.show_prior else {})}}
            if scored.debias is not None else {}),
+        "orderings": answered_orderings(scored),
         "model": model_info,
     }
+
 
 
 # ---- Responses (the OpenAPI document describes them; tests check real responses against them) ----------------
@@ -385,6 +388,7 @@ class DecisionResult(Response):
                                                     "debiased; option_logits stay the model's own.")
     temperature: float | None = Field(None, description="A decision GGUF's temperature for this question (the file's "
                                                         "<type>[.<bucket>]), applied in its type's softmax.")
+    orderings: Orderings | None = None
 
 
 class TimedResult(DecisionResult):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decisions.model import DryRun
 from ..errors import Failure
 from .call import Call
+from .orderings import Orderings
 
 DESCRIPTION = ("Answer what the request would do instead of scoring it: each question's rendered prompts and their "
                "tokens, the tokens the cache would serve and those the request would decode, admission's estimate "
@@ -43,7 +44,9 @@ def figures(dry: DryRun, call: Call, render: Callable[[Failure], tuple[dict[str,
 def prompts(dry: DryRun, question: int, names: tuple[str, ...]) -> dict[str, Any]:
     """Question ``question``'s prompts, its options named by ``names`` (in the request's order)."""
     mine = dry.prompts[question]
+    fewer = dry.fewer[question] if dry.fewer else None
     return {"prompt_sha256": dry.digests[question], "input_tokens": sum(p.tokens for p in mine),
+            "orderings": {"averaged": len(mine), **({"fewer": fewer} if fewer else {})},
             "prompts": [{"text": p.text, "tokens": p.tokens, "options": [names[j] for j in p.order]} for p in mine]}
 
 
@@ -72,6 +75,8 @@ class DryPrompt(Closed):
 class DryQuestion(Closed):
     prompt_sha256: str = Field(description="What the answer's prompt_sha256 (x_prompt_sha256) will be.")
     input_tokens: int = Field(description="Its prompts' tokens: what the answer's input_tokens will be.")
+    orderings: Orderings = Field(description="The orderings it would average, and why fewer than the server's "
+                                             "default where they would be: the answer's orderings (x_orderings).")
     prompts: list[DryPrompt]
 
 

@@ -24,6 +24,7 @@ from ..decisions.model import DryRun, Question, QuestionSource, Scored
 from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, json_text, state_text
 from ..errors import Failure, InputError, Loc
 from . import dry_run
+from .orderings import Orderings, answered_orderings
 from .call import Answer, Call
 from .fields import (DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, names_shown, printable,
                      string_problem)
@@ -257,7 +258,7 @@ def answer_request(body: Any, call: Call) -> Answer:
     """Answer one System One body (with ``x_dry_run``: what it would do). Raises ValidationError or InputError
     (invalid, 422), or what ``call.score`` raises."""
     items, dry = parse_request(body, call.context)
-    prepared = call.model.prepare([item.question for item in items])
+    prepared = call.prepare([item.question for item in items])
     if dry:
         return dry_answer(items, call.dry_run(prepared), call)
     answered = call.score(prepared)
@@ -334,6 +335,7 @@ def answer(item: Item, scored: Scored) -> dict[str, Any]:
     if scored.temperature is not None:
         out["x_temperature"] = scored.temperature
     out["x_label_mass"] = scored.label_mass
+    out["x_orderings"] = answered_orderings(scored)
     if scored.calibration is not None:
         out["x_calibration"] = scored.calibration
     if scored.debias is not None:
@@ -430,6 +432,7 @@ class Extensions(Response):
     x_debias: DebiasApplied | None = Field(None, description="The content-free calibration applied, if any.")
     x_temperature: float | None = Field(None, description="A decision GGUF's temperature for this question (the "
                                                           "file's <type>[.<bucket>]).")
+    x_orderings: Orderings | None = None
 
 
 class NoulAnswer(Extensions):
