@@ -260,9 +260,13 @@ class DecisionModel:
                 [q if q.permutations is not None else replace(q, permutations=k) for q in questions], allowed_s))
             if found is not None:
                 k, prepared = found
-                why = (f"{min(k, len(q.options))} of the server's {min(default, len(q.options))} orderings "
-                       f"(ADAPTER_PERMUTATIONS): with {default}, the request {refused.msg}")
-                return replace(prepared, fewer=tuple(why if q.permutations is None else None for q in questions))
+
+                def why(q: Question) -> str:
+                    return (f"{min(k, len(q.options))} of the server's {min(default, len(q.options))} orderings "
+                            f"(ADAPTER_PERMUTATIONS): with {default}, the request {refused.msg}")
+
+                return replace(prepared, fewer=tuple(why(q) if q.permutations is None and k < len(q.options)
+                                                     else None for q in questions))
         asked = max((q.permutations or 1 for q in questions), default=1)
         if asked > 1:
             found = largest_fitting(asked - 1, lambda k: self._fitting(
