@@ -256,7 +256,8 @@ def adapter_step(endpoint: HttpEndpoint, step: Step) -> dict[str, Any]:
             "cached_tokens": timing["cached_tokens"], "evaluated_tokens": timing.get("evaluated_tokens"),
             "decoded_tokens": decoded, "prior_tokens": prior_tokens, "prior_s": timing.get("prior", 0.0),
             "prefill_s": timing["prefill"], "readout_s": timing["readout"], "queue_s": timing["queue"],
-            "total_s": timing["total"], "seconds": timing["prefill"] + timing["readout"], "wall_s": wall}
+            "total_s": timing["total"], "memory_s": timing.get("memory", 0.0),
+            "seconds": timing["prefill"] + timing["readout"] + timing.get("memory", 0.0), "wall_s": wall}
 
 
 def llama_server_step(endpoint: HttpEndpoint, step: Step) -> dict[str, Any]:

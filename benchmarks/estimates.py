@@ -80,7 +80,7 @@ def one(url: str, body: dict[str, Any], allowed_s: float) -> dict[str, Any]:
            "speed_would_refuse_for_good": by_speed > allowed_s}
     if real.status_code == 200:
         timing = real.json()["result"]["timing"]
-        row["seconds"] = timing["prefill"] + timing["readout"] + timing.get("prior", 0.0)
+        row["seconds"] = timing["prefill"] + timing["readout"] + timing.get("memory", 0.0) + timing.get("prior", 0.0)
         row["ratio"] = row["estimate_s"] / row["seconds"] if row["estimate_s"] else None
         row["speed_ratio"] = by_speed / row["seconds"]
     else:

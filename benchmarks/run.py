@@ -147,7 +147,7 @@ def own_timing(body: dict[str, Any]) -> dict[str, float] | None:
     timing = body.get("x_timing") or {}
     if "x_evaluated_tokens" not in body or "prefill" not in timing:
         return None
-    seconds = timing["prefill"] + timing.get("readout", 0.0) + timing.get("prior", 0.0)
+    seconds = timing["prefill"] + timing.get("readout", 0.0) + timing.get("memory", 0.0) + timing.get("prior", 0.0)
     return {"prompt_tokens": body["x_evaluated_tokens"], "prompt_s": seconds, "answer_tokens": 0, "answer_s": 0.0}
 
 

@@ -106,8 +106,10 @@ class Settings:
                                 "Orderings of the options each decision is scored in and averaged over, unless the "
                                 "request says (permutations, x_permutations): 1 is the request's order; 2 or more "
                                 "make the answer independent of it, for the question once and its options block K "
-                                "times (docs/accuracy.md says which to choose). `make run` uses 16 (every ordering, "
-                                "capped at the number of options) with the embedded model unless this is set.",
+                                "times, on every memory kind (a hybrid or recurrent model decodes the stem on its "
+                                "own and restores its checkpoint; docs/adapter.md; docs/accuracy.md says which K to "
+                                "choose). `make run` uses 16 (every ordering, capped at the number of options) with "
+                                "the embedded model unless this is set.",
                                 ge=1, le=16)
     debias: DebiasModeName = setting(
         "ADAPTER_DEBIAS", DEFAULT_MODE, "Content-free calibration of each decision unless the request says (debias, "
@@ -123,7 +125,9 @@ class Settings:
         "(0 to 1): a floor keeps a confident prior from flipping a confident answer on its own.", ge=0.0, le=1.0)
     state_cache_mb: int = setting("ADAPTER_STATE_CACHE_MB", 1024,
                                   "Host memory for states and answers kept across requests (least recently used "
-                                  "first out); 0 turns the cache off.", ge=0, le=1_048_576)
+                                  "first out), a saved state's checkpoints counted with it (a sliding window's or a "
+                                  "recurrent state's, at the boundaries it serves as a prefix); 0 turns the cache "
+                                  "off.", ge=0, le=1_048_576)
 
     # Request limits. The body limit is SageMaker's real-time payload (6 MB), which is also what Batch
     # Transform sends by default; the line limit lets 6 MiB of the smallest records (~85 bytes) through.

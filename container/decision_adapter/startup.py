@@ -82,11 +82,13 @@ class Readiness:
 @dataclass(frozen=True)
 class Experiment:
     """What the benchmarks vary and no deployment sets: how a job's tokens are grouped into ``llama_decode`` calls
-    (``engine.plan``: exact, or fused) and the wording of the prompt (``decisions.prompt.STYLES``). The server
+    (``engine.plan``: exact, or fused), the wording of the prompt (``decisions.prompt.STYLES``) and which boundaries
+    of a saved state keep a checkpoint where the memory needs one (``engine.plan.kept_boundaries``). The server
     runs the defaults, chosen by measurement (docs/benchmarks.md)."""
 
     layout: str = "exact"
     prompt_style: str = DEFAULT_STYLE
+    checkpoints: str = "spaced"
 
 
 def engine_options(settings: Settings, experiment: Experiment = Experiment()):
@@ -96,7 +98,7 @@ def engine_options(settings: Settings, experiment: Experiment = Experiment()):
                          batch_tokens=settings.batch_tokens, parallel_sequences=PARALLEL_SEQUENCES,
                          flash_attention=settings.flash_attention == "on", kv_cache_type=settings.kv_cache_type,
                          state_cache_bytes=settings.state_cache_mb << 20, layout=experiment.layout,
-                         cpu_variant=settings.cpu_variant)
+                         cpu_variant=settings.cpu_variant, checkpoints=experiment.checkpoints)
 
 
 def load_decision_model(settings: Settings, engine: ScoringEngine | None = None, *, calibrated: bool = True,
@@ -126,7 +128,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
         runtime = {**engine.versions, **engine.kernel_info, "architecture": engine.architecture,
                    "threads": settings.threads, "gpu_layers": settings.gpu_layers,
                    "flash_attention": settings.flash_attention, "kv_cache_type": settings.kv_cache_type,
-                   "layout": engine.layout}
+                   "layout": engine.layout, **engine.memory_info}
         # A rollback drill's faulty release (ADAPTER_DRILL) is armed once the probe passed: it starts as any does.
         drill = DrillRunner(engine.runner, settings.drill) if settings.drill != "off" else None
         scheduler = Scheduler(drill or engine.runner, queue_tokens=settings.queue_tokens)
@@ -152,7 +154,7 @@ def load_decision_model(settings: Settings, engine: ScoringEngine | None = None,
                     "python -m decision_adapter.calibrate --debias %s", calibration.debias, settings.debias,
                     settings.debias)
     log.info("model ready", extra={"fields": {"file": identity.file, "sha256": identity.sha256,
-                                              "manifest": identity.manifest,
+                                              "manifest": identity.manifest, **engine.memory_info,
                                               "calibration": dict(calibration.temperatures) if calibration else None,
                                               "load_s": round(time.perf_counter() - started, 3)}})
     return model

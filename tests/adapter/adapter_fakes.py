@@ -33,6 +33,7 @@ class FakeEngine:
     layout = "exact"
     versions = {"llama_cpp_python": "fake", "llama_cpp": "fake"}
     kernel_info = {"cpu_variant": "fake", "cpu_features": []}
+    memory_info = {"memory": "plain", "window": 0, "reuse": {}}
 
     @property
     def vocabulary(self) -> "FakeEngine":
@@ -148,6 +149,7 @@ class FakeJob:
     plan: Plan
     result: object = None
     decoded_tokens: int = 0
+    compute_s: float = 0.0
 
 
 def fake_model_dir(tmp_path: Path) -> Path:

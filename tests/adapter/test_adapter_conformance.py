@@ -91,3 +91,18 @@ def test_official_python_sdk_parses_every_answer_type_from_compressed_requests(s
     assert response.choices["team"].choice in {"Billing", "Technical", "Sales"}
     assert 0 <= response.scores["anger"].score <= 2
     assert response.scores["anger"].legend == {0: "Calm", 1: "Frustrated", 2: "Very angry"}  # the SDK keys levels by int
+
+
+def test_every_option_count_the_suite_sends_is_answered_by_make_run():
+    """`make run` averages every ordering of the embedded model's options (16): a request that one ordering could
+    answer is never refused for it (issue 50). jevcompat's option counts (2, 26, 64, 128, 255) against `make run`
+    as a newcomer starts it (its settings and deadline), through jevcompat's own runner."""
+    from jevcompat.runner import run
+
+    from test_adapter_local import make_run
+
+    with make_run() as (base, _):
+        report = run(base, timeout=300, only={"choice-options"})
+    status = {r.id: r.status for r in report.results}
+    assert report.aborted is None
+    assert status["choice.options"] == "pass", [r for r in report.results if r.id == "choice.options"]

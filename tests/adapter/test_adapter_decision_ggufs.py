@@ -120,3 +120,96 @@ def test_a_head_type_is_refused_at_start_and_ping_says_why(settings, tmp_path):
     ping = app.test_client().get("/ping")
     assert ping.status_code == 503
     assert "'kev'" in ping.get_json()["detail"] and "b11361" in ping.get_json()["detail"]
+
+
+LOG = "\n".join(f"{i:04d} ticket {i * 37 % 1000} moved to queue {i % 7} by agent {i % 13}" for i in range(60))
+
+
+@pytest.fixture(scope="module")
+def cold_lev(settings, tmp_path_factory):
+    """A lev GGUF served with no cache at all: every answer is decoded, none served from an earlier request."""
+    path = derive_type(find_gguf(embedded_model_dir()), tmp_path_factory.mktemp("lev"), "lev")
+    app = create_app(dataclasses.replace(settings, model_dir=str(path.parent), state_cache_mb=0))
+    state = app.extensions["decision_adapter"]
+    assert state.readiness.wait(300) and state.readiness.state == "ready", state.readiness.reason
+    yield app
+    from adapter_apps import close_app
+
+    close_app(app)
+
+
+def test_a_letter_prompt_is_laid_out_by_its_own_values_whatever_else_the_request_holds(cold_lev):
+    """Q alone, Q beside another question, and Q among its own orderings: the same state span (where every
+    question over the state would differ), so the same bits, on a server that caches nothing."""
+    client = cold_lev.test_client()
+    model = cold_lev.extensions["decision_adapter"].readiness.model
+    question = {"type": "choice", "instructions": "Which team?", "criteria": OPTIONS}
+    other = {"type": "noul", "instructions": "Is it urgent?"}
+
+    def body(**questions):
+        return {"model": "jev-latest", "state": LOG, "questions": questions}
+
+    alone = client.post("/v1/systemone", json=body(route=question)).get_json()["answers"]["route"]
+    beside = client.post("/v1/systemone", json=body(urgent=other, route=question)).get_json()["answers"]["route"]
+    assert beside["probabilities"] == alone["probabilities"]
+    from decision_adapter.protocols import systemone
+    from decision_adapter.protocols.fields import RequestContext
+
+    def state_end(questions):
+        _, _, items = systemone.parse(body(**questions), RequestContext.of(model, max_decisions=64))
+        return model.prepare([item.question for item in items]).spec.state_end
+
+    alone_end = state_end({"route": question})
+    assert alone_end > len(model.preparer.head_tokens) + 400  # the state's span, not the head alone
+    assert state_end({"urgent": other, "route": question}) == alone_end
+    # K = 3 orderings, averaged, against each ordering sent alone (one variant): nothing is cached here, so each
+    # single is decoded, and its bits are those it has among the three
+    keys = list(OPTIONS)
+    averaged = client.post("/v1/systemone", json={**body(route=question), "x_permutations": 3}).get_json()
+    singles = []
+    for order in orderings(keys, 3):
+        sent = {"type": "choice", "instructions": "Which team?", "criteria": {keys[j]: OPTIONS[keys[j]] for j in order}}
+        singles.append(client.post("/v1/systemone", json={**body(route=sent), "x_permutations": 1}).get_json())
+    expected = {key: sum(s["answers"]["route"]["probabilities"][key] / 3 for s in singles) for key in keys}
+    assert averaged["answers"]["route"]["probabilities"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_body_of_many_orderings_over_a_long_state_is_refused_before_the_state_is_rendered_into_every_prompt(
+        cold_lev, monkeypatch):
+    """64 choice questions of 16 options, 16 orderings each, over a state of about 7,500 tokens: a body of about
+    45 KB whose prompts would hold 8 million tokens. It is refused (request_too_long) from a bound computed on the
+    prompts rendered without the state: a few hundred thousand tokens tokenized, not millions, in bounded memory.
+    (Measured: ``python -m benchmarks.hostile --letter``; the bound on time here is far above it.)"""
+    import time
+    import tracemalloc
+
+    client = cold_lev.test_client()
+    vocabulary = cold_lev.extensions["decision_adapter"].readiness.model.engine.vocabulary
+    tokenized = [0]
+    tokenize = vocabulary.tokenize
+
+    def counting(text, **kw):
+        found = tokenize(text, **kw)
+        tokenized[0] += len(found)
+        return found
+
+    monkeypatch.setattr(vocabulary, "tokenize", counting)
+    state = " ".join(f"w{i % 997}" for i in range(3000))
+    assert len(tokenize(state)) > 7000
+    criteria = {f"option-{j}": f"choice {j}" for j in range(16)}
+    questions = {f"q{i}": {"type": "choice", "instructions": f"Question {i}?", "criteria": criteria}
+                 for i in range(64)}
+    body = {"model": "jev-latest", "state": state, "x_permutations": 16, "questions": questions}
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        response = client.post("/v1/systemone", json=body)
+        seconds = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == 422, response.get_data(as_text=True)
+    assert "request_too_long" in response.get_data(as_text=True)
+    assert tokenized[0] < 400_000, tokenized[0]
+    print(f"refused in {seconds:.3f} s, {peak / 2**20:.1f} MiB traced, {tokenized[0]} tokens tokenized")
+    assert peak < 64 << 20 and seconds < 10, (peak, seconds)

@@ -30,6 +30,7 @@ class CountingJob:
     tokens: int
     plan: Plan
     decoded_tokens: int = 0
+    compute_s: float = 0.0
 
 
 class CachingRunner:
@@ -58,6 +59,7 @@ class CachingRunner:
         if self.stop.wait(n / self.speed):
             raise DecodeAborted("stopped")
         job.decoded_tokens += n
+        job.compute_s += n / self.speed
         if job.decoded_tokens < job.tokens:
             return True
         self.cache.update(leaves(job.spec))

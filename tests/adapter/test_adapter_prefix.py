@@ -1,7 +1,9 @@
 """A state that grows between calls (an agent's transcript, an event log) is decoded once: a request restores the
 longest prefix of its state that a cached state holds up to one of its own micro-batch boundaries, and decodes the
-rest. Exact by layout: every answer is ``==`` a fresh server's. The planner, the prefix index and the outlook are
-tested without llama.cpp; the answers on the real model, through both protocols."""
+rest. Exact by layout: every answer is ``==`` a fresh server's, on every kind of memory (``memory_kind``): plain
+attention (the embedded model), a sliding window (Gemma 3 270M) and a hybrid of recurrent layers and attention (a
+Qwen3.5-architecture model with random weights). The planner, the prefix index and the outlook are tested without
+llama.cpp; the answers on the real models, through both protocols."""
 
 from __future__ import annotations
 
@@ -12,26 +14,39 @@ import threading
 
 import pytest
 
-from decision_adapter.engine.cache import PrefixCache, _token_bytes, boundary_keys, entry_cost, prefix_cost
+from decision_adapter.engine.cache import (PrefixCache, SavedState, _token_bytes, boundary_keys, entry_cost,
+                                           prefix_cost, size_of)
 from decision_adapter.engine.core import Engine
+from decision_adapter.engine.memory_kind import MemoryKind
 from decision_adapter.engine.outlook import foreseen_plan, leaves
-from decision_adapter.engine.plan import HEAD_BLOB, STATE_SEQ, Decode, JobSpec, Limits, Restore, Save, plan_job
+from decision_adapter.engine.plan import (HEAD_BLOB, STATE_END, STATE_SEQ, Checkpoint, Cut, Decode, JobSpec, Limits,
+                                          Restore, RestoreCheckpoint, Save, checkpoint_key, kept_boundaries, plan_job)
 from decision_adapter.engine.readout import LabelTrie
 from decision_adapter.decisions.model_files import find_gguf
 from decision_adapter.server.app import create_app
 from decision_adapter.startup import engine_options
+
+from memory_kinds import KINDS, model_dir_of
 
 HEAD = tuple(range(100, 110))  # 10 tokens of template head
 SINGLE = LabelTrie.build([(1,), (2,), (3,)])
 LIMITS = Limits(batch_tokens=64, cells=4096, sequences=8)
 
 
+SWA = dataclasses.replace(LIMITS, memory=MemoryKind(window=512))
+HYBRID = dataclasses.replace(LIMITS, memory=MemoryKind(recurrent=True), fork_by="snapshot")
+
+
 def job(state: tuple[int, ...], question: int = 1, limits: Limits = LIMITS, **kw) -> JobSpec:
+    """A job over ``state``, its boundaries and prefixes as the engine gives them (on a memory that needs
+    checkpoints, the prefixes are the boundaries ``kept_boundaries`` keeps)."""
     prompt = HEAD + state + tuple(range(question * 1000, question * 1000 + 20))
     end = len(HEAD) + len(state)
     last = end - 1 if limits.fused else end
+    boundaries = boundary_keys(prompt, len(HEAD), last, limits.batch_tokens)
+    kept = kept_boundaries(len(boundaries)) if limits.memory.checkpoints else range(len(boundaries))
     return JobSpec((prompt,), (SINGLE,), len(HEAD), end, state_key=hashlib.sha256(bytes(str(state), "ascii")).digest(),
-                   boundaries=boundary_keys(prompt, len(HEAD), last, limits.batch_tokens), **kw)
+                   boundaries=boundaries, prefixes=tuple(d for n, (_, d) in enumerate(boundaries) if n in kept), **kw)
 
 
 def state_decodes(plan) -> list[tuple[int, tuple[int, ...]]]:
@@ -58,7 +73,7 @@ def test_a_prefix_hit_restores_the_prefix_and_decodes_the_rest_as_a_miss_does_af
     hit = plan_job(dataclasses.replace(spec, prefix=202), LIMITS)
 
     digest = dict(spec.boundaries)[202]
-    assert hit.steps[0] == Restore(STATE_SEQ, digest, 202, prefix=True)
+    assert hit.steps[:2] == (Restore(STATE_SEQ, digest, 202), Cut(STATE_SEQ, 202))
     assert HEAD_BLOB not in [s.blob for s in hit.steps if isinstance(s, Restore)]
     assert state_decodes(hit) == [d for d in state_decodes(miss) if d[0] >= 202] == [(202, state[192:256]),
                                                                                     (266, state[256:])]
@@ -90,22 +105,141 @@ def test_a_prefix_must_be_one_of_the_state_s_boundaries():
         plan_job(dataclasses.replace(spec, prefix=100), LIMITS)
 
 
-def test_the_prefix_index_serves_the_most_recent_holder_and_leaves_with_its_state():
+def steps_of(plan, *kinds) -> list:
+    return [s for s in plan.steps if isinstance(s, kinds)]
+
+
+def memory_marks(plan) -> list[tuple[str, int]]:
+    return [(type(s).__name__, s.tokens) for s in steps_of(plan, Checkpoint, RestoreCheckpoint, Save, Cut)]
+
+
+def test_a_sliding_window_is_laid_out_as_a_restore_lays_it_at_every_boundary_and_at_the_state_s_end():
+    state = tuple(range(2000, 2300))  # boundaries at 74, 138, 202, 266; the state ends at 310
+    spec = job(state, limits=SWA)
+    miss = plan_job(spec, SWA)
+    laid = [m for end in (74, 138, 202, 266) for m in (("Checkpoint", end), ("RestoreCheckpoint", end))]
+    assert memory_marks(miss) == laid + [("Save", 310), ("Checkpoint", 310), ("RestoreCheckpoint", 310)]
+    assert steps_of(miss, Checkpoint)[-1].key == checkpoint_key(STATE_END)
+    # a prefix: the saved state, its checkpoint at the boundary, the cut; then the miss's very steps after it
+    digest = dict(spec.boundaries)[202]
+    hit = plan_job(dataclasses.replace(spec, prefix=202), SWA)
+    assert hit.steps[:3] == (Restore(STATE_SEQ, digest, 202), RestoreCheckpoint(STATE_SEQ, checkpoint_key(digest), 202),
+                             Cut(STATE_SEQ, 202))
+    after = miss.steps.index(RestoreCheckpoint(STATE_SEQ, checkpoint_key(digest), 202)) + 1
+    assert hit.steps[3:] == miss.steps[after:]
+    # the whole state restored is laid out already; uncached, it is laid out alike
+    whole = plan_job(dataclasses.replace(spec, state_cached=True), SWA)
+    assert whole.steps[0] == Restore(STATE_SEQ, spec.state_key, 310) and memory_marks(whole) == []
+    cold = plan_job(dataclasses.replace(spec, state_key=None, prefixes=()), SWA)
+    assert memory_marks(cold) == laid + [("Checkpoint", 310), ("RestoreCheckpoint", 310)]
+
+
+def test_a_recurrent_state_keeps_checkpoints_where_its_saved_state_serves_and_a_prefix_restores_one_first():
+    state = tuple(range(2000, 2600))  # 600 tokens: 9 boundaries, 74 .. 586
+    spec = job(state, limits=HYBRID)
+    miss = plan_job(spec, HYBRID)
+    kept = [end for n, (end, _) in enumerate(spec.boundaries) if n in kept_boundaries(9)]
+    assert kept == [74, 330, 458, 522, 586]
+    assert memory_marks(miss) == [*(("Checkpoint", end) for end in kept), ("Save", 610)]
+    digest = dict(spec.boundaries)[522]
+    hit = plan_job(dataclasses.replace(spec, prefix=522), HYBRID)
+    # the checkpoint goes back before the cut: a recurrent state refuses a cut to a position it is not at
+    assert hit.steps[:3] == (Restore(STATE_SEQ, digest, 522), RestoreCheckpoint(STATE_SEQ, checkpoint_key(digest), 522),
+                             Cut(STATE_SEQ, 522))
+    assert memory_marks(hit)[2:] == [("Checkpoint", 586), ("Save", 610)]
+
+
+def test_a_recurrent_state_decodes_every_stem_on_its_own_and_shares_it_by_a_checkpoint():
+    from decision_adapter.engine.plan import PROMPT_SEQ, STEM
+
+    state, stem = tuple(range(2000, 2100)), tuple(range(7000, 7030))
+    prompts = tuple(HEAD + state + stem + tuple(range(k * 100, k * 100 + 20)) for k in (8, 9))
+    end = len(HEAD) + len(state)
+    split = end + 24  # the stem's 30 tokens, down to a multiple of 8 rows
+
+    def own_decodes(n: int, limits: Limits):
+        spec = JobSpec(prompts[:n], (SINGLE,) * n, len(HEAD), end, stems=(end + 30,) * n)
+        plan = plan_job(spec, limits)
+        return plan, [(c.pos, len(c.tokens)) for d in steps_of(plan, Decode) for c in d.chunks if c.seq == PROMPT_SEQ]
+
+    plan, decodes = own_decodes(2, HYBRID)
+    assert decodes == [(end, 24), (split, 26), (split, 26)]
+    key = checkpoint_key(STEM, 0)
+    assert Checkpoint(PROMPT_SEQ, key, split) in plan.steps
+    restored = plan.steps.index(RestoreCheckpoint(PROMPT_SEQ, key, split))
+    assert plan.steps[restored + 1] == Cut(PROMPT_SEQ, split)
+    alone, decodes = own_decodes(1, HYBRID)  # split alone too: the layout of every prompt with a stem
+    assert decodes == [(end, 24), (split, 26)] and not steps_of(alone, Checkpoint, RestoreCheckpoint)
+    assert own_decodes(2, LIMITS)[1] == [(end, 50), (split, 26)]  # plain attention: the first decoded whole
+    assert own_decodes(1, LIMITS)[1] == [(end, 50)]
+
+
+def test_the_kept_boundaries_are_the_last_three_and_then_spaced_by_powers_of_two():
+    assert kept_boundaries(0) == frozenset() and kept_boundaries(1) == {0} and kept_boundaries(3) == {0, 1, 2}
+    assert kept_boundaries(9) == {8, 7, 6, 4, 0}
+    assert kept_boundaries(64) == {63, 62, 61, 59, 55, 47, 31}
+    assert all(len(kept_boundaries(n)) <= n.bit_length() + 2 for n in range(1, 5000))
+    assert kept_boundaries(9, "every") == frozenset(range(9)) and kept_boundaries(9, "last") == {7, 8}
+    with pytest.raises(ValueError, match="every, last or spaced"):
+        kept_boundaries(3, "all")
+
+
+def test_a_short_prefix_restores_the_smallest_saved_state_that_holds_it():
+    cache = PrefixCache(1 << 20)
+    short = boundary_keys(tuple(range(300)), 0, 300, 64)
+    long = boundary_keys(tuple(range(300)) + (7,) * 900, 0, 1200, 64)
+    cache.put(b"short", b"s" * 300, prefixes=[d for _, d in short])
+    cache.put(b"long", b"l" * 1200, prefixes=[d for _, d in long])
+    assert cache.acquire_prefix(short[1][1])[0] == b"short"  # both hold it, the newer is larger
+    assert cache.acquire_prefix(long[-1][1])[0] == b"long"
+
+
+def test_a_state_grown_from_a_saved_state_takes_its_place_where_it_took_up_one_of_its_last_prefixes():
+    cache = PrefixCache(1 << 20)
+    step1 = boundary_keys(tuple(range(500)), 0, 500, 64)  # 7 boundaries
+    step2 = boundary_keys(tuple(range(700)), 0, 700, 64)
+    branch = boundary_keys(tuple(range(200)) + (9,) * 500, 0, 700, 64)
+    cache.put(b"step1", b"a" * 500, prefixes=[d for _, d in step1])
+    cache.put(b"branch", b"c" * 700, prefixes=[d for _, d in branch], grown_from=(b"step1", step1[2][1]))
+    assert b"step1" in cache and cache.stats.superseded == 0  # a branch from further back leaves it
+    cache.put(b"step2", b"b" * 700, prefixes=[d for _, d in step2], grown_from=(b"step1", step1[-2][1]))
+    assert b"step1" not in cache and cache.stats.superseded == 1 and cache.holder_count == 2
+
+
+def test_checkpoints_count_in_the_budget_and_in_the_stats():
+    import ctypes
+
+    blob, first, second = (ctypes.c_uint8 * 4000)(), (ctypes.c_uint8 * 1500)(), (ctypes.c_uint8 * 1500)()
+    saved = SavedState(blob, {b"d" * 32: first, b"e" * 32: second})
+    assert size_of(saved) >= 4000 + 3000
+    cache = PrefixCache(1 << 20)
+    assert cache.put(b"k", saved, prefixes=[b"d" * 32, b"e" * 32])
+    assert (cache.stats.checkpoints, cache.stats.checkpoint_bytes) == (2, 3000)
+    assert cache.bytes >= size_of(saved)
+    cache.discard(b"k")
+    assert (cache.stats.checkpoints, cache.stats.checkpoint_bytes, cache.bytes) == (0, 0, 0)
+    assert not PrefixCache(size_of(saved)).put(b"k", saved)  # its key and bookkeeping do not fit beside it
+
+
+def test_the_prefix_index_serves_the_smallest_holder_and_of_equal_ones_the_most_recent():
     cache = PrefixCache(1 << 20)
     a = boundary_keys(tuple(range(1000)), 0, 1000, 64)
+    b = boundary_keys(tuple(range(1000)) + (9,) * 10, 0, 1010, 64)  # the same boundaries, another state
     grown = boundary_keys(tuple(range(1000)) + (7,) * 200, 0, 1200, 64)
-    assert grown[:len(a)] == a
+    assert grown[:len(a)] == a == b
     cache.put(b"a", b"x" * 1000, prefixes=[d for _, d in a])
+    cache.put(b"b", b"z" * 1000, prefixes=[d for _, d in b])
     cache.put(b"grown", b"y" * 1000, prefixes=[d for _, d in grown])
     assert cache.prefixes == len(grown)
-    assert cache.acquire_prefix(a[3][1]) == (b"grown", b"y" * 1000)  # both hold it: the newer
-    cache.release(b"grown")
+    assert cache.acquire_prefix(a[3][1]) == (b"b", b"z" * 1000)  # three hold it: of the two smallest, the newer
+    cache.release(b"b")
     assert a[3][1] in cache and grown[-1][1] in cache and cache.stats.prefix_hits == 1
-    assert sorted(cache.holders(a[:2])) == [b"a", b"grown"]
-    cache.discard(b"grown")
-    assert cache.acquire_prefix(a[3][1]) == (b"a", b"x" * 1000) and grown[-1][1] not in cache
-    cache.release(b"a")
+    assert sorted(cache.holders(a[:2])) == [b"a", b"b", b"grown"]
+    cache.discard(b"b")
     cache.discard(b"a")
+    assert cache.acquire_prefix(a[3][1]) == (b"grown", b"y" * 1000)
+    cache.release(b"grown")
+    cache.discard(b"grown")
     assert cache.prefixes == 0 and cache.bytes == 0 and cache.acquire_prefix(a[0][1]) is None
 
 
@@ -153,9 +287,15 @@ def test_the_outlook_charges_what_a_prefix_leaves_to_decode_and_counts_on_the_jo
 BATCH = 64  # small micro-batches: many boundaries in a short state, so each test stays cheap
 
 
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request) -> str:
+    """The memory kind the module's real-model tests run on: each test runs once per kind."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def prefix_settings(settings):
-    return dataclasses.replace(settings, batch_tokens=BATCH)
+def prefix_settings(settings, kind):
+    return dataclasses.replace(settings, model_dir=model_dir_of(kind), batch_tokens=BATCH)
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +422,7 @@ def test_labels_of_several_tokens_stay_exact_over_a_grown_state(apps):
     assert got["timing"]["cached_tokens"] > 0
 
 
-def test_a_state_changed_in_the_middle_or_shrunk_reuses_nothing_past_the_change(apps):
+def test_a_state_changed_in_the_middle_or_shrunk_reuses_nothing_past_the_change(apps, kind):
     warm, fresh = apps
     base = "\n".join(EVENTS[:50])
     ask_both(warm, fresh, decision(base))
@@ -296,7 +436,10 @@ def test_a_state_changed_in_the_middle_or_shrunk_reuses_nothing_past_the_change(
     got, want = ask_both(warm, fresh, decision(shrunk))
     assert answers(got) == answers(want)
     whole = want["timing"]["shared_tokens"]
-    assert reused_bound(whole - HEADING_SLACK) <= got["timing"]["cached_tokens"] <= reused_bound(whole)
+    # plain attention can be cut back to any boundary; elsewhere a saved state serves the boundaries it kept a
+    # checkpoint at (kept_boundaries): some boundary at or before the shrunk state's end
+    least = reused_bound(whole - HEADING_SLACK) if kind == "plain" else BATCH
+    assert least <= got["timing"]["cached_tokens"] <= reused_bound(whole)
 
 
 def test_concurrent_requests_over_one_grown_state_decode_its_new_part_once(apps):
@@ -325,6 +468,95 @@ def test_concurrent_requests_over_one_grown_state_decode_its_new_part_once(apps)
         body = decision(grown)
         body["decisions"][0]["question"] = questions[i]
         assert answers(r) == answers(fresh.post("/invocations", json=body).get_json())
+
+
+def test_interleaved_agents_keep_one_saved_state_each_and_answer_as_a_fresh_server(apps, warm_engine):
+    """Two agents whose transcripts grow in turns: every step == a fresh server, each step takes its own agent's
+    transcript up again, and the cache keeps one saved state per agent, not one per step."""
+    warm, fresh = apps
+    before = warm_engine.cache.holder_count
+    other = [line.replace("service=", "svc:").replace("user=", "by ") for line in reversed(EVENTS)]
+    logs = {"ops": EVENTS, "audit": other}
+    for step, n in enumerate((30, 34, 38, 42)):
+        for name, log in logs.items():
+            got, want = ask_both(warm, fresh, decision("\n".join(log[:n])))
+            assert answers(got) == answers(want), (name, step)
+            if step:
+                assert got["timing"]["cached_tokens"] >= 4 * BATCH, (name, step, got["timing"])
+    assert warm_engine.cache.holder_count == before + 2  # the start-up probe's state, and one per agent
+    assert warm_engine.cache.stats.superseded == 6
+
+
+def test_saved_states_evicted_under_a_small_budget_leave_answers_exact(apps, warm_engine):
+    """A budget that holds one saved state but not two (its checkpoints counted with it): states and checkpoints
+    are evicted as agents alternate, and every answer is still == a fresh server's."""
+    warm, fresh = apps
+    before = warm_engine.cache.bytes
+    ask_both(warm, fresh, decision("\n".join(EVENTS[:40])))
+    one = warm_engine.cache.bytes - before  # the state, its checkpoints, its answer
+    saved, evicted = warm_engine.cache.budget_bytes, warm_engine.cache.stats.evictions
+    warm_engine.cache.clear()
+    warm_engine.cache.budget_bytes = one + one // 2
+    try:
+        other = [line.replace("latency_ms", "ms") for line in EVENTS]
+        for n in (40, 44, 48):
+            for log in (EVENTS, other):
+                got, want = ask_both(warm, fresh, decision("\n".join(log[:n])))
+                assert answers(got) == answers(want)
+                assert warm_engine.cache.bytes <= warm_engine.cache.budget_bytes
+        assert warm_engine.cache.stats.evictions > evicted
+    finally:
+        warm_engine.cache.budget_bytes = saved
+
+
+def test_ping_and_every_result_name_the_memory_kind_and_the_reuse_it_gets(apps, kind):
+    warm, _ = apps
+    ping = warm.get("/ping").get_json()
+    assert ping["memory"] == kind and set(ping["reuse"]) == {"states", "prefixes", "stems"}
+    assert ("checkpoint" in ping["reuse"]["prefixes"]) == (kind != "plain")
+    assert ping["reuse"]["stems"].startswith("orderings share their stem")  # the start-up probe found them exact
+    model = warm.post("/invocations", json=decision("\n".join(EVENTS[:5]))).get_json()["results"][0]["model"]
+    assert (model["memory"], model["window"] > 0) == (kind, kind == "sliding-window")
+    assert model["reuse"] == ping["reuse"]
+
+
+def test_with_the_cache_off_nothing_is_saved_and_admission_counts_on_nothing(fresh_engine):
+    tokens = fresh_engine.vocabulary.tokenize("\n".join(EVENTS[:30]))
+    head = fresh_engine.runner.head
+    spec = fresh_engine.job_spec([head + tuple(tokens) + (1, 2, 3)], [SINGLE], (len(head), len(head) + len(tokens)))
+    assert spec.state_key is None and spec.answer_keys == () and spec.prefixes == ()
+    assert list(leaves(spec)) == []
+    assert not steps_of(fresh_engine.plan(spec), Save)
+
+
+def test_a_cut_refused_after_a_prefix_restore_restarts_the_job_and_turns_prefixes_and_stems_off(
+        apps, warm_engine, monkeypatch):
+    """llama.cpp refusing a cut the memory kind allows (a memory this adapter does not know): the job is decoded
+    again from the head, answers == a fresh server's, and from then on no prefix or stem is used."""
+    warm, fresh = apps
+    ask_both(warm, fresh, decision("\n".join(EVENTS[:40])))
+    memory = warm_engine.runner._memory
+    cut = memory.cut
+    refused = []
+
+    def refusing(seq, tokens):
+        if seq == STATE_SEQ and not refused:
+            refused.append(tokens)
+            from decision_adapter.engine.errors import CutRefused
+
+            raise CutRefused("refused for the test")
+        cut(seq, tokens)
+
+    monkeypatch.setattr(memory, "cut", refusing)
+    try:
+        got, want = ask_both(warm, fresh, decision("\n".join(EVENTS[:44]), permutations=2))
+        assert refused and answers(got) == answers(want)
+        assert got["timing"]["cached_tokens"] == 0  # decoded again from the head
+        assert warm.get("/ping").get_json()["reuse"]["stems"].startswith("off")
+        again, _ = ask_both(warm, fresh, decision("\n".join(EVENTS[:48])))
+        assert again["timing"]["cached_tokens"] == 0
+    finally:
+        warm_engine.runner.cuts_refused = False
 
 
 def test_forget_drops_the_states_that_hold_a_spec_s_prefixes(warm_engine):

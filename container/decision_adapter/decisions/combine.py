@@ -43,6 +43,8 @@ class Scored:
     # type's rules; None: the protocols compute them from the probabilities.
     answer: dict[str, float] | None = None
     temperature: float | None = None  # the file's temperature a decision GGUF's answer was read at
+    orderings: int = 1  # orderings of the options read and averaged (a decision GGUF's: its variants)
+    fewer_orderings: str | None = None  # why fewer than the server's default were averaged, where they were
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def combine_question(prepared: Prepared, read: Readouts, i: int, calibration: Ca
     answer, prior, single = question_rows(prepared, read, i)
     readout = (READOUT_SINGLE if single else READOUT_CHAIN) + (
         f"; averaged in log space over {len(mine)} orderings of the options" if len(mine) > 1 else "")
+    if fewer := prepared.fewer_orderings(i):
+        readout += f"; {fewer}"
     applied = mode if prior else MODES[OFF]
     if mode.active and not prior:
         readout += (f"; not debiased ({mode.name}): the state carries no content (a content-free state), so a state "
@@ -160,7 +164,9 @@ def combine_question(prepared: Prepared, read: Readouts, i: int, calibration: Ca
         calibration=calibration.describe(kind) if calibration else None,
         adjusted_logits=composed.adjusted,
         debias=debias,
-        prior=composed.prior)
+        prior=composed.prior,
+        orderings=len(mine),
+        fewer_orderings=fewer)
 
 
 def applicable(calibration: Calibration | None, permutations: int,

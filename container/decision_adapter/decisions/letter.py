@@ -42,14 +42,15 @@ import jinja2
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ..engine.memory_kind import MemoryKind
 from ..engine.readout import LabelTrie, common_prefix, softmax
 from ..errors import InputError
 from .combine import Defaults, Readouts, Scored
 from .debias import MODES, OFF, DebiasMode, floored
 from .decision_file import DecisionFile
 from .literals import literal_pattern
-from .prepare import (Limits, Prepared, PriorJob, Question, Tokenizer, _Budget, cut_inside, orderings, planned,
-                      scored_priors, tokenized_in_pieces)
+from .prepare import (Assembly, Budget, Limits, Prepared, PriorJob, Question, QuestionSource, Tokenizer, cut_inside,
+                      orderings, planned, scored_priors, tokenized_in_pieces)
 from .prompt import ModelIncompatible, TemplateError
 
 LEV_RATINGS = 9  # lev reads noul from a rating scale: A = certainly no .. I = certainly yes
@@ -332,6 +333,15 @@ def render_values(rules: LetterRules, question: Question, shown: Sequence[Shown]
     return values
 
 
+# Two questions unlike in every field a template is given but the state (id, type, instructions, options' keys and
+# descriptions, the first of each starting with another kind of character): where their prompts over one state part
+# is where the state's span ends (``LetterPreparer._span``).
+SENTINELS = (QuestionSource("sentinel-a", "choice", "Which one?", None, (("alpha", None), ("beta", "b"))),
+             QuestionSource("~9", "noul", "\n(9) zulu", None, (("true", None), ("false", None))))
+# What the tokens a prompt has past its state may lose where the real state's last tokens merge with them, in a bound
+# below a request's work (``LetterPreparer._bound_below``).
+BOUNDARY_SLACK = 4
+
 # Put around each user-defined added token's text in a request's values while rendering, to find where it lands in
 # the prompt: two of Unicode's noncharacters U+FDD0..U+FDEF that the prompt does not hold (tojson and templates pass
 # them through as they are); a prompt holding all 32 is tokenized whole, as llama-server tokenizes it.
@@ -403,16 +413,15 @@ class LetterPreparer:
         """The tokens every prompt starts with whatever the request: the common prefix of two unlike renderings,
         cut after its last control token (text after a special token tokenizes on its own, so no request can
         merge into it); kept resident, decoded once at load."""
-        def sample(state: Any, instructions: str, keys: tuple[str, str]) -> list[int]:
-            from .prepare import QuestionSource
-
-            q = Question(("probe",), "", "", ("", ""), (), (), (), kind="choice",
-                         source=QuestionSource("q", "choice", instructions, state, ((keys[0], None), (keys[1], "x"))))
+        def sample(state: Any, sentinel: QuestionSource) -> list[int]:
+            q = Question(("probe",), "", "", ("", ""), (), (), (), kind=sentinel.type,
+                         source=dataclasses.replace(sentinel, state=state))
             text = self.template.render(render_values(self.rules, q, shown_options(self.rules, q)))
             return self.tokenizer.tokenize(text, special=True)
 
-        a = sample("Alpha state.", "First?", ("one", "two"))
-        b = sample({"z": [1, 2]}, "Zebra question!", ("xyz", "uvw"))
+        # unlike in every field (id and type too: a template may show them before its last control token)
+        a = sample("Alpha state.", SENTINELS[0])
+        b = sample({"z": [1, 2]}, SENTINELS[1])
         shared = a[:common_prefix([a, b])]
         controls = {self.tokenizer.tokenize(text, special=True)[0] for text in control_texts
                     if len(self.tokenizer.tokenize(text, special=True)) == 1}
@@ -422,13 +431,17 @@ class LetterPreparer:
     def prepare(self, questions: Sequence[Question]) -> Prepared:
         """Render each question in each of its variants, tokenize, hold to the budgets and plan one job over all
         the prompts (what they share is decoded once), and one job per content-free prompt kind of the priors the
-        request asks for."""
+        request asks for. Before any prompt is rendered with the state, a bound below the request's work, from the
+        prompts rendered with an empty state, refuses a request that cannot fit (its state is rendered into every
+        prompt: a long state asked many questions in many orders would otherwise be rendered and tokenized whole,
+        hundreds of times, only to be refused). Each prompt's state span is where every question over its state
+        would differ (``_span``): its layout depends on its own values, not on the other questions."""
         if len({q.state for q in questions}) != 1:
             raise ValueError("the questions of one request share one state")
         first = questions[0]
         where = first.loc[:-1] if len(questions) > 1 else first.loc
-        tokens, tries, orders, owners, digests, variants, modes = [], [], [], [], [], [], []
-        for i, q in enumerate(questions):
+        modes, shown = [], []
+        for q in questions:
             if q.source is None:
                 raise ValueError("a decision GGUF renders the request's own values: Question.source is needed")
             n = len(q.options)
@@ -438,27 +451,79 @@ class LetterPreparer:
                                  f"{self.rules.max_options} single-token labels, so at most "
                                  f"{self.rules.max_options} options", kind="value_error.too_many_options")
             modes.append(self._mode(q))
+            shown.append(self._orders(q))
+        budget = Budget(self.limits.max_request_tokens, where)
+        self._bound_below(questions, shown, budget)
+        span = self._span(first.source)
+        answer = Assembly(self.engine, budget, len(self.head_tokens))
+        orders, owners, digests, variants = [], [], [], []
+        for i, q in enumerate(questions):
             digest = hashlib.sha256()
-            shown_orders = self._orders(q)
-            for v, order in enumerate(shown_orders):
+            prompts = []
+            for v, order in enumerate(shown[i]):
                 values = render_values(self.rules, q, order)
                 text = self.template.render(values)
-                tokens.append(self._tokens(q, values, text, "a prompt"))
-                tries.append(self.trie(self.rules.outputs(q.source.type, n)))
+                prompts.append(self._tokens(q, values, text, "a prompt"))
                 orders.append(tuple(e.index for e in order))
                 owners.append(i)
                 digest.update(b"\0" if v else b"")
                 digest.update(text.encode("utf-8"))
+            for tokens, stem in zip(prompts, self._stems(prompts)):
+                answer.add(tokens, self.trie(self.rules.outputs(q.source.type, len(q.options))),
+                           common_prefix([tokens, span]), stem)
             digests.append(digest.hexdigest())
-            variants.append(len(shown_orders))
-        spec = self.engine.job_spec(tokens, tries)
-        budget = _Budget(self.limits.max_request_tokens, where)
-        budget.add(spec.state_end - spec.head + sum(len(p) - spec.state_end for p in tokens))
+            variants.append(len(shown[i]))
+        spec = answer.spec()
         plan = planned(self.engine, where, spec)
-        priors, no_prior = self._priors(questions, modes, orders, owners, tries, where, budget)
-        return Prepared(tuple(questions), tuple(tokens), budget.tokens, (spec.head, spec.state_end), tuple(tries),
-                        tuple(orders), tuple(owners), tuple(digests), spec, plan, tuple(modes),
+        priors, no_prior = self._priors(questions, modes, orders, owners, answer.tries, where, budget)
+        return Prepared(tuple(questions), tuple(answer.tokens), budget.tokens, (spec.head, spec.state_end),
+                        tuple(answer.tries), tuple(orders), tuple(owners), tuple(digests), spec, plan, tuple(modes),
                         tuple(variants), tuple(priors), frozenset(no_prior), where)
+
+    def _span(self, source: QuestionSource, **replaced: Any) -> tuple[int, ...]:
+        """The tokens every prompt over ``source``'s state (``replaced``: with these values in its place, a prior's)
+        begins with whatever its question: the common prefix of two sentinel questions unlike in every field the
+        template is given but the state, rendered with it (a question's own prompt may share less, where its first
+        own text merges with the state's last token). The resident head where the template will not render them."""
+        state = dataclasses.replace(source, **replaced)
+        renders = []
+        for sentinel in SENTINELS:
+            q = Question(("sentinel",), "", "", tuple(k for k, _ in sentinel.options), (), (), (),
+                         kind=sentinel.type, source=dataclasses.replace(sentinel, state=state.state))
+            try:
+                values = render_values(self.rules, q, shown_options(self.rules, q))
+                renders.append(self.prompt_tokens(values, self.template.render(values)))
+            except (TemplateError, KeyError):
+                return self.head_tokens
+        return tuple(renders[0][:common_prefix(renders)])
+
+    def _stems(self, prompts: Sequence[tuple[int, ...]]) -> list[int | None]:
+        """Where each of a question's variants stops sharing its tokens with the others (none for one variant, and
+        none on a memory whose stems are split in every prompt's layout: a letter prompt's stem is not its own,
+        it depends on its question's other variants)."""
+        if len(prompts) < 2 or getattr(self.engine, "memory", MemoryKind()).splits_stems:
+            return [None] * len(prompts)
+        shared = common_prefix(prompts)
+        return [min(shared, len(p) - 1) for p in prompts]
+
+    def _bound_below(self, questions: Sequence[Question], shown: Sequence[Sequence[Sequence[Shown]]],
+                     budget: Budget) -> None:
+        """Refuse a request whose work, bounded from below without rendering its state into any prompt, is over
+        the limit: the state's fewest tokens (from its bytes), once, and each prompt's own tokens as the prompt
+        rendered with an empty state has them past that state (less a few, where the real state's last tokens may
+        merge with them); stops at the first prompt that takes the bound over."""
+        source = questions[0].source
+        assert source is not None
+        state_text = source.state if isinstance(source.state, str) else llama_tojson(source.state)
+        bound = self.tokenizer.fewest_tokens(state_text)
+        empty = self._span(source, state="")
+        for q, orders in zip(questions, shown):
+            light = dataclasses.replace(q, source=dataclasses.replace(q.source, state=""))
+            for order in orders:
+                values = render_values(self.rules, light, order)
+                tokens = self.prompt_tokens(values, self.template.render(values))
+                bound += max(0, len(tokens) - common_prefix([tokens, empty]) - BOUNDARY_SLACK)
+                budget.check(bound)
 
     def _mode(self, q: Question) -> DebiasMode:
         """The prior the question asks for; none unless it asks (the server's ADAPTER_DEBIAS is for plain models)."""
@@ -511,32 +576,40 @@ class LetterPreparer:
 
     def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], orders: Sequence[tuple[int, ...]],
                 owners: Sequence[int], tries: Sequence[LabelTrie], where: Any,
-                budget: _Budget) -> tuple[list[PriorJob], set[int]]:
+                budget: Budget) -> tuple[list[PriorJob], set[int]]:
         """One job per content-free prompt kind (a state, and for a label prior the question's replacement): every
         variant of every question whose mode averages it, rendered by the template with the state (and the
-        instructions) replaced. A state prior of a state that carries no content is not scored (``no_prior``).
-        Their tokens count against the request's budget as if nothing were cached."""
-        members: dict[tuple[str, str | None], list[tuple[int, tuple[int, ...]]]] = {}
+        instructions) replaced, each laid out from its own span (``_span`` of the replaced values). A state prior of a
+        state that carries no content is not scored (``no_prior``). Their tokens count against the request's budget
+        as if nothing were cached."""
+        members: dict[tuple[str, str | None], tuple[Assembly, tuple[int, ...], list[int]]] = {}
         scored, no_prior = scored_priors(questions, modes)
         for i in scored:
             q, mode = questions[i], modes[i]
             source = q.source
             assert source is not None
             by_index = {e.index: e for e in shown_options(self.rules, q)}
+            instructions = source.instructions if mode.question is None else mode.question
             for text in mode.states:
-                replaced = dataclasses.replace(q, source=dataclasses.replace(
-                    source, state=text, instructions=source.instructions if mode.question is None else mode.question))
-                for k in (k for k, owner in enumerate(owners) if owner == i):
+                replaced = dataclasses.replace(q, source=dataclasses.replace(source, state=text,
+                                                                             instructions=instructions))
+                if (text, mode.question) not in members:
+                    members[text, mode.question] = (Assembly(self.engine, budget, len(self.head_tokens)),
+                                                    self._span(source, state=text), [])
+                job, span, rows = members[text, mode.question]
+                mine = [k for k, owner in enumerate(owners) if owner == i]
+                prompts = []
+                for k in mine:
                     values = render_values(self.rules, replaced, [by_index[j] for j in orders[k]])
-                    members.setdefault((text, mode.question), []).append(
-                        (k, self._tokens(q, values, self.template.render(values), "a prior prompt")))
+                    prompts.append(self._tokens(q, values, self.template.render(values), "a prior prompt"))
+                for k, tokens, stem in zip(mine, prompts, self._stems(prompts)):
+                    job.add(tokens, tries[k], common_prefix([tokens, span]), stem)
+                    rows.append(k)
         priors = []
-        for (text, question_text), rows in members.items():
-            spec = self.engine.job_spec([prompt for _, prompt in rows], [tries[k] for k, _ in rows])
-            budget.add(spec.state_end - spec.head + sum(len(prompt) - spec.state_end for _, prompt in rows))
-            priors.append(PriorJob(text, tuple(k for k, _ in rows), spec, planned(self.engine, where, spec), question_text))
+        for (text, question_text), (job, _, rows) in members.items():
+            spec = job.spec()
+            priors.append(PriorJob(text, tuple(rows), spec, planned(self.engine, where, spec), question_text))
         return priors, no_prior
-
 
     def _bound(self, q: Question, text: str) -> None:
         at_least = self.tokenizer.fewest_tokens(text)
@@ -643,7 +716,8 @@ def combine_question(rules: LetterRules, prepared: Prepared, read: Readouts, i: 
         debias=debias,
         prior=prior_shown,
         answer=answer,
-        temperature=temperature)
+        temperature=temperature,
+        orderings=len(mine))
 
 
 class LetterReadout:

@@ -12,7 +12,7 @@ imports llama.cpp: the engine and the scheduler are handed in, typed by what thi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..engine.errors import TooLarge
@@ -51,6 +51,7 @@ class ScoringEngine(Protocol):
     ctx_tokens: int
     train_ctx_tokens: int
     layout: str  # how its jobs are laid out (engine.plan): every result's model reports it
+    memory_info: dict[str, Any]  # its memory kind and the reuse that applies (engine.memory_kind)
 
     @property
     def resident_tokens(self) -> int: ...
@@ -126,6 +127,7 @@ class DryRun:
     tokens_per_s: float | None  # the speed admission reckons with (None before the first job)
     estimate_s: float | None  # admission's estimate: the tokens ahead and its own at that speed (None: no speed)
     refusal: Exception | None  # what scoring would raise now (Busy, TooSlow, or an InputError: too large); None
+    fewer: tuple[str | None, ...] = ()  # for each question, why fewer orderings than the default (Prepared.fewer)
 
     @property
     def admitted(self) -> bool:
@@ -220,9 +222,60 @@ class DecisionModel:
         q, order = prepared.questions[prepared.owners[k]], prepared.orders[k]
         return self.render(q.state, q.question, self.labels(len(order), q.kind), [q.options[j] for j in order])
 
-    def prepare(self, questions: Sequence[Question]) -> Prepared:
-        """Render, tokenize, budget and plan the questions over their one state (``Preparer.prepare``)."""
-        return self.preparer.prepare(questions)
+    def prepare(self, questions: Sequence[Question], allowed_s: float | None = None) -> Prepared:
+        """Render, tokenize, budget and plan the questions over their one state (``Preparer.prepare``), held to
+        what any request may take here (``allowed_s``: admission's estimate of the work, as ``score`` will hold it;
+        None: not checked here). The server's default number of orderings is a preference: where it would take the
+        request over its token budget or that time, the questions that did not ask for a number get the largest
+        that fits (at least 1), and ``Prepared.fewer`` says why (``_fewer_orderings``); a request's own number that
+        does not fit is refused, naming the largest that would."""
+        try:
+            return self._fitting(questions, allowed_s)
+        except InputError as exc:
+            if exc.kind not in ORDERINGS_MATTER:
+                raise
+            return self._fewer_orderings(questions, allowed_s, exc)
+
+    def _fitting(self, questions: Sequence[Question], allowed_s: float | None) -> Prepared:
+        """The questions prepared, and their work within ``allowed_s`` by admission's cost model (the ``TooLarge``
+        that ``score`` would meet, as its 4xx), or the InputError that says which limit they are over."""
+        prepared = self.preparer.prepare(questions)
+        if allowed_s is not None:
+            jobs, _, missing = self._jobs(prepared, touch=False)
+            refusal = self.scheduler.assess([jobs[i] for i in missing], allowed_s=allowed_s,
+                                            by_tokens=False).refusal
+            if isinstance(refusal, TooLarge):
+                raise too_large(prepared.loc, refusal)
+        return prepared
+
+    def _fewer_orderings(self, questions: Sequence[Question], allowed_s: float | None,
+                         refused: InputError) -> Prepared:
+        """``refused`` (over the token budget, or too slow for any deadline here) with fewer orderings: the
+        questions on the server's default get the largest number that fits, the same for all of them; a question
+        that asked for its own number keeps it. Where even one ordering each does not fit and a question asked for
+        more than one, the request is refused naming the largest number that would fit; else ``refused`` stands."""
+        default = self.default_permutations
+        if default > 1 and any(q.permutations is None for q in questions):
+            found = largest_fitting(default - 1, lambda k: self._fitting(
+                [q if q.permutations is not None else replace(q, permutations=k) for q in questions], allowed_s))
+            if found is not None:
+                k, prepared = found
+
+                def why(q: Question) -> str:
+                    return (f"{min(k, len(q.options))} of the server's {min(default, len(q.options))} orderings "
+                            f"(ADAPTER_PERMUTATIONS): with {default}, the request {refused.msg}")
+
+                return replace(prepared, fewer=tuple(why(q) if q.permutations is None and k < len(q.options)
+                                                     else None for q in questions))
+        asked = max((q.permutations or 1 for q in questions), default=1)
+        if asked > 1:
+            found = largest_fitting(asked - 1, lambda k: self._fitting(
+                [replace(q, permutations=min(k, q.permutations or 1)) for q in questions], allowed_s))
+            fits = (f"at most {found[0]} orderings would fit" if found is not None
+                    else "not even one ordering would fit")
+            raise InputError(refused.loc, f"{refused.msg}, with the {asked} orderings the request asks for "
+                             f"(permutations, x_permutations); {fits}", kind=refused.kind)
+        raise refused
 
     def score(self, prepared: Prepared, deadline: float | None = None, *, by_tokens: bool = True,
               allowed_s: float | None = None) -> Answered:
@@ -288,7 +341,7 @@ class DecisionModel:
                             for i in range(len(prepared.questions))),
                       prepared.digests, cached, admission.tokens, readout,
                       sum(plan.tokens for i, plan in plans.items() if i > 0), admission.queued_tokens,
-                      admission.tokens_per_s, admission.estimate_s, refusal)
+                      admission.tokens_per_s, admission.estimate_s, refusal, prepared.fewer)
 
     def _jobs(self, prepared: Prepared, *, touch: bool = True) -> tuple[list[tuple[JobSpec, Plan]], list[Any],
                                                                         list[int]]:
@@ -302,6 +355,26 @@ class DecisionModel:
     def _dry_prompt(self, prepared: Prepared, k: int) -> DryPrompt:
         """Prompt ``k`` rendered again from its question, ordering and labels (the text ``prepare`` hashed)."""
         return DryPrompt(self.prompt_text(prepared, k), len(prepared.tokens[k]), prepared.orders[k])
+
+
+# The refusals a smaller number of orderings can lift: the request's token budget and what it may take in time.
+ORDERINGS_MATTER = ("value_error.request_too_long", "value_error.request_too_slow")
+
+
+def largest_fitting(most: int, attempt: Any) -> tuple[int, Prepared] | None:
+    """The largest k in 1 .. ``most`` for which ``attempt(k)`` prepares (and its result), by bisection: work grows
+    with the orderings, so whatever fits with k fits with fewer. None when even 1 does not. Any refusal other than
+    those fewer orderings can lift goes up."""
+    found, low, high = None, 1, most
+    while low <= high:
+        k = (low + high) // 2
+        try:
+            found, low = (k, attempt(k)), k + 1
+        except InputError as exc:
+            if exc.kind not in ORDERINGS_MATTER:
+                raise
+            high = k - 1
+    return found
 
 
 def too_large(loc: Loc, exc: TooLarge) -> InputError:

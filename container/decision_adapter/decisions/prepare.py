@@ -180,6 +180,13 @@ class Prepared:
     # question. No prior is scored for them, and they are answered as with debias off.
     no_prior: frozenset[int] = frozenset()
     loc: Loc = ()  # where errors about the request as a whole point (the decision, or the decisions)
+    # For each question scored in fewer orderings than the server's default because the default would not fit
+    # (``DecisionModel.prepare``): why; None where it got what it asked for or the default. (): none fewer.
+    fewer: tuple[str | None, ...] = ()
+
+    def fewer_orderings(self, question: int) -> str | None:
+        """Why question ``question`` got fewer orderings than the server's default, or None."""
+        return self.fewer[question] if self.fewer else None
 
     def prompts_of(self, question: int) -> list[int]:
         """The indices of question ``question``'s prompts (one per ordering)."""
@@ -212,7 +219,7 @@ def label_tokens(tokenizer: Tokenizer, layout: PromptLayout, tail_tokens: Sequen
     return found
 
 
-class _Budget:
+class Budget:
     """The tokens a request makes the model evaluate, counted as its prompts are tokenized: over the request
     limit, the request is refused at once."""
 
@@ -221,9 +228,47 @@ class _Budget:
 
     def add(self, tokens: int, *, check: bool = True) -> None:
         self.tokens += tokens
-        if check and self.tokens > self.limit:
-            raise InputError(self.where, f"needs at least {self.tokens} tokens of evaluation, over the request "
+        if check:
+            self.check(self.tokens)
+
+    def check(self, tokens: int) -> None:
+        """Refuse the request when ``tokens`` (what it makes the model evaluate, or a bound below that) are over the
+        limit."""
+        if tokens > self.limit:
+            raise InputError(self.where, f"needs at least {tokens} tokens of evaluation, over the request "
                              f"limit of {self.limit}", kind="value_error.request_too_long")
+
+
+class Assembly:
+    """One job's prompts put together as they are tokenized, whichever readout rendered them (this adapter's own
+    prompt, a decision GGUF's template): per prompt its tokens, where its state ends (its span: the tokens every
+    question over the same state has), where its stem ends (what its orderings share) and its label trie, the
+    request's ``Budget`` fed as each is added (the state once, each prompt's own tokens and label paths), and the
+    job's spec: its state the prompts' span, each prompt laid out from it, whatever else the request holds."""
+
+    def __init__(self, engine: Any, budget: Budget, head: int, *, check: bool = True):
+        self.engine, self.budget, self.head, self.check = engine, budget, head, check
+        self.tokens: list[tuple[int, ...]] = []
+        self.tries: list[LabelTrie] = []
+        self.spans: list[int] = []
+        self.stems: list[int] = []
+
+    def add(self, tokens: Sequence[int], trie: LabelTrie, span: int, stem: int | None = None) -> None:
+        """A prompt of ``tokens`` whose state ends at ``span`` and whose stem (None: none) at ``stem``; refused at
+        once (the budget's InputError) when it takes the request over its limit."""
+        if not self.spans:
+            self.budget.add(span - self.head, check=self.check)  # the head is resident: never decoded for a request
+        self.budget.add(len(tokens) - span + sum(len(path) for path in trie.inner_nodes), check=self.check)
+        self.tokens.append(tuple(tokens))
+        self.tries.append(trie)
+        self.spans.append(span)
+        self.stems.append(span if stem is None else stem)
+
+    def spec(self) -> JobSpec:
+        """The job of the prompts added: its state their span (the shortest, where a template made them differ), each
+        prompt's stem kept where it reaches past it."""
+        span = min(self.spans)
+        return self.engine.job_spec(self.tokens, self.tries, (self.head, span), self.stems)
 
 
 class Preparer:
@@ -273,11 +318,12 @@ class Preparer:
         state = tuple(self._text(state_text))
         if len(head) + len(state) + len(tail) + 1 > self.ceiling:
             raise self._too_long(first.loc, f"a prompt of more than {len(head) + len(state) + len(tail)} tokens")
-        budget = _Budget(self.limits.max_request_tokens, where)
-        budget.add(len(state))  # the head is resident: never decoded for a request
+        budget = Budget(self.limits.max_request_tokens, where)
+        answer = Assembly(self.engine, budget, len(head))
         fixed = tuple(t.encode("utf-8") for t in (self.layout.head, state_text, self.layout.tail))
-        tokens, tries, orders, owners, digests, stems = [], [], [], [], [], []
+        orders, owners, digests = [], [], []
         permutations = tuple(q.permutations or self.default_permutations for q in questions)
+        span = (len(head), len(head) + len(state))
         for i, q in enumerate(questions):
             digest = hashlib.sha256()
             stem = self._stem_tokens(q.question)
@@ -288,19 +334,16 @@ class Preparer:
                 own = tuple(self._text(text)) + tail
                 if len(head) + len(state) + len(own) > self.ceiling:
                     raise self._too_long(q.loc, f"a prompt of {len(head) + len(state) + len(own)} tokens")
-                trie = self.trie(len(order), q.kind)
-                budget.add(len(own) + sum(len(path) for path in trie.inner_nodes))
-                tokens.append(head + state + own)
-                stems.append(common_prefix([own, stem]))
-                tries.append(trie)
+                answer.add(head + state + own, self.trie(len(order), q.kind), span[1],
+                           span[1] + common_prefix([own, stem]))
                 orders.append(order)
                 owners.append(i)
                 digest.update(b"\0" if k else b"")
                 for part in (fixed[0], fixed[1], text.encode("utf-8"), fixed[2]):
                     digest.update(part)
             digests.append(digest.hexdigest())
-        span = (len(head), len(head) + len(state))
-        spec = self.engine.job_spec(tokens, tries, span, [span[1] + n for n in stems])
+        tokens, tries, stems = answer.tokens, answer.tries, [stem - span[1] for stem in answer.stems]
+        spec = answer.spec()
         plan = self._plan(where, spec)
         modes = tuple(self.debias_mode(q) for q in questions)
         priors, no_prior = self._priors(questions, modes, tokens, tries, orders, owners, span, where, budget, stems)
@@ -313,7 +356,7 @@ class Preparer:
 
     def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], tokens: list[tuple[int, ...]],
                 tries: list[LabelTrie], orders: list[tuple[int, ...]], owners: list[int], span: tuple[int, int],
-                where: Loc, budget: _Budget, stems: list[int]) -> tuple[list[PriorJob], set[int]]:
+                where: Loc, budget: Budget, stems: list[int]) -> tuple[list[PriorJob], set[int]]:
         """The prior jobs: each content-free prompt kind once, with the prompts (options, ordering, tail, and for a
         state prior the question) of every question whose mode averages it; and the questions with a state prior
         whose state carries no content (none is scored for them: ``Prepared.no_prior``). Their tokens go into the
@@ -339,15 +382,14 @@ class Preparer:
                     (k, head + self.content_free_tokens[text] + own[k], stem[k]) for k in mine)
         priors = []
         for (text, question_text), rows in members.items():
-            free = self.content_free_tokens[text]
-            budget.add(len(free), check=False)
-            for k, prompt, _ in rows:
+            state_end = len(head) + len(self.content_free_tokens[text])
+            prior = Assembly(self.engine, budget, len(head), check=False)  # its state: checked with its first prompt
+            for k, prompt, stem in rows:
                 if len(prompt) > self.ceiling:
                     raise self._too_long(questions[owners[k]].loc, f"a prior prompt of {len(prompt)} tokens")
-                budget.add(len(prompt) - len(head) - len(free) + sum(len(path) for path in tries[k].inner_nodes))
-            state_end = len(head) + len(free)
-            prior_spec = self.engine.job_spec([prompt for _, prompt, _ in rows], [tries[k] for k, _, _ in rows],
-                                              (len(head), state_end), [state_end + n for _, _, n in rows])
+                prior.add(prompt, tries[k], state_end, state_end + stem)
+                budget.check(budget.tokens)
+            prior_spec = prior.spec()
             priors.append(PriorJob(text, tuple(k for k, _, _ in rows), prior_spec, self._plan(where, prior_spec),
                                    question_text))
         return priors, no_prior

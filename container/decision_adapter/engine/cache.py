@@ -10,9 +10,17 @@ as just used. A put evicts from the least recently used end, each eviction O(1).
 
 A saved state also serves as a prefix of itself: it is put with the digests of its leading tokens at each of its
 micro-batch boundaries (``boundary_keys``), and a state that shares such a prefix restores it (``acquire_prefix``)
-and decodes only the rest. The prefix index maps each boundary digest to the saved states that hold it; what it
-costs is counted in its state's entry (``prefix_cost``) and leaves with it. A lookup is one digest per boundary
-of the request's own state, whatever the cache holds.
+and decodes only the rest. Where the model's memory has a part no cut brings back (a sliding window, a recurrent
+state), the saved state is a ``SavedState``: the sequence and its checkpoints at the boundaries it keeps, each
+counted in its entry, and it serves only those boundaries. The prefix index maps each boundary digest to the saved
+states that hold it, and a lookup takes the smallest of them (a short prefix does not restore a long state where a
+shorter one has it); what it costs is counted in its state's entry (``prefix_cost``) and leaves with it. A lookup is
+one digest per boundary of the request's own state, whatever the cache holds.
+
+A state that grows (an agent's transcript) keeps one entry: a state saved after restoring a prefix of another at
+one of that one's last two prefixes *supersedes* it (``put``'s ``grown_from``): the state it grew from is dropped,
+so a transcript's steps do not pile up one saved state each and evict everyone else's. A state that branched
+further back (restored an earlier prefix) leaves it.
 """
 
 from __future__ import annotations
@@ -40,6 +48,12 @@ def tokens_key(kind: str, tokens: Sequence[int], *extra: Iterable[Sequence[int]]
     return digest.digest()
 
 
+def answer_key(prompt: Sequence[int], labels: Sequence[Sequence[int]], state_end: int, stem_end: int) -> bytes:
+    """Where a prompt's answer is cached: its tokens, its labels and its layout (where its state and its stem end):
+    the same tokens laid out otherwise are another answer, never served for this one."""
+    return tokens_key("answer", prompt, labels, [(state_end, stem_end)])
+
+
 def boundary_keys(tokens: Sequence[int], start: int, last: int, step: int) -> tuple[tuple[int, bytes], ...]:
     """Each micro-batch boundary ``end`` of a decode of ``tokens`` from ``start`` in micro-batches of ``step``
     (``start + step``, ``start + 2 * step``, ... up to ``last``), with the digest of ``tokens[:end]``: one running
@@ -65,13 +79,25 @@ def _token_bytes(tokens: Sequence[int]) -> bytes:
 ORDERED_DICT_ITEM = 96
 
 
+@dataclass(frozen=True)
+class SavedState:
+    """A saved state on a memory that needs checkpoints: the sequence (head and state) and the checkpoints it keeps,
+    by the digest of the boundary each was taken at."""
+
+    blob: Any  # the saved sequence (a ctypes array)
+    checkpoints: dict[bytes, Any]  # boundary digest -> the checkpoint there
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return sum(ctypes.sizeof(c) for c in self.checkpoints.values())
+
+
 def size_of(value: Any) -> int:
-    """The bytes ``value`` holds: a buffer's length (and its object), or the deep size of a readout (slots
-    dataclasses, tuples, numbers; the shared singletons None, True and False cost nothing)."""
+    """The bytes ``value`` holds: a buffer's length (and its object), or the deep size of a readout or a
+    ``SavedState`` (slots dataclasses, tuples, dicts, numbers, buffers; the shared singletons None, True and False
+    cost nothing)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return sys.getsizeof(value)
-    if isinstance(value, ctypes.Array):
-        return ctypes.sizeof(value) + sys.getsizeof(value)
     seen: set[int] = set()
     total = 0
     stack = [value]
@@ -81,6 +107,9 @@ def size_of(value: Any) -> int:
             continue
         seen.add(id(item))
         total += sys.getsizeof(item)
+        if isinstance(item, ctypes.Array):
+            total += ctypes.sizeof(item)
+            continue
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
             stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
         elif isinstance(item, (tuple, list)):
@@ -97,6 +126,9 @@ class CacheStats:
     misses: int = 0
     evictions: int = 0
     prefix_hits: int = 0  # states restored in part: a saved state's prefix
+    superseded: int = 0  # saved states dropped for the state that grew from them
+    checkpoints: int = 0  # checkpoints the saved states hold now
+    checkpoint_bytes: int = 0  # their bytes (counted in the budget with their states)
 
 
 @dataclass(slots=True)
@@ -150,6 +182,12 @@ class PrefixCache:
         """Boundary digests the prefix index holds."""
         return len(self._prefixes)
 
+    @property
+    def holder_count(self) -> int:
+        """Saved states that serve as prefixes."""
+        with self._lock:
+            return len({key for holders in self._prefixes.values() for key in holders})
+
     def __contains__(self, key: bytes) -> bool:
         """An entry's key, or a boundary digest some saved state holds."""
         return key in self._entries or key in self._prefixes
@@ -171,18 +209,24 @@ class PrefixCache:
             return self._find(key, pin=True)
 
     def acquire_prefix(self, digest: bytes) -> tuple[bytes, Any] | None:
-        """The saved state most recently put that holds the boundary ``digest`` (its key and value), held until
-        ``release(key)``; None when no state holds it."""
+        """The smallest saved state that holds the boundary ``digest`` (its key and value; of equal ones the most
+        recently put), held until ``release(key)``; None when no state holds it."""
         with self._lock:
             holders = self._prefixes.get(digest)
             if not holders:
                 return None
-            key = next(reversed(holders))
+            key = min(reversed(holders), key=lambda k: self._entries[k].size)
             entry = self._entries[key]
             self._entries.move_to_end(key)
             self.stats.prefix_hits += 1
             entry.pins += 1
             return key, entry.value
+
+    def prefixes_of(self, key: bytes) -> tuple[bytes, ...]:
+        """The boundary digests the saved state under ``key`` serves (none when it is not cached)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.prefixes if entry is not None else ()
 
     def holders(self, boundaries: Sequence[tuple[int, bytes]]) -> list[bytes]:
         """The keys of the saved states that hold any of these boundaries (``JobSpec.boundaries``)."""
@@ -205,16 +249,24 @@ class PrefixCache:
         entry.pins += pin
         return entry.value
 
-    def put(self, key: bytes, value: Any, size: int | None = None, prefixes: Sequence[bytes] = ()) -> bool:
+    def put(self, key: bytes, value: Any, size: int | None = None, prefixes: Sequence[bytes] = (),
+            grown_from: tuple[bytes, bytes] | None = None) -> bool:
         """Keep ``value`` (a saved state with the digests of its micro-batch boundaries, ``prefixes``: it serves
         as each of those prefixes too); evicts the least recently used entries nobody holds to make room. False if
-        it cannot fit."""
+        it cannot fit. ``grown_from``: the saved state this one restored a prefix of and the digest of that prefix;
+        where it is one of that state's last two prefixes, this one takes its place (the module's text)."""
         prefixes = tuple(prefixes)
         size = entry_cost(key, size if size is not None else size_of(value)) + prefix_cost(prefixes)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(key, old)
+            if grown_from is not None and grown_from[0] != key \
+                    and (grown := self._entries.get(grown_from[0])) is not None \
+                    and grown_from[1] in grown.prefixes[-2:]:
+                del self._entries[grown_from[0]]
+                self._forget(grown_from[0], grown)
+                self.stats.superseded += 1
             if size > self.budget_bytes:
                 return False
             self._make_room(size)
@@ -222,13 +274,23 @@ class PrefixCache:
                 return False  # what is left is held by the running job
             self._entries[key] = _Entry(value, size, old.pins if old is not None else 0, prefixes)
             self._bytes += size
+            if isinstance(value, SavedState):
+                self.stats.checkpoints += len(value.checkpoints)
+                self.stats.checkpoint_bytes += value.checkpoint_bytes
             for digest in prefixes:
                 self._prefixes.setdefault(digest, {})[key] = None
             return True
 
+    def fits(self, value: Any, key: bytes, prefixes: Sequence[bytes] = ()) -> bool:
+        """Whether ``value`` under ``key`` with these prefixes could be kept at all: its cost within the budget."""
+        return entry_cost(key, size_of(value)) + prefix_cost(tuple(prefixes)) <= self.budget_bytes
+
     def _forget(self, key: bytes, entry: _Entry) -> None:
-        """Account for an entry taken out of ``_entries``: its bytes and its prefixes."""
+        """Account for an entry taken out of ``_entries``: its bytes, its prefixes and its checkpoints."""
         self._bytes -= entry.size
+        if isinstance(entry.value, SavedState):
+            self.stats.checkpoints -= len(entry.value.checkpoints)
+            self.stats.checkpoint_bytes -= entry.value.checkpoint_bytes
         for digest in entry.prefixes:
             holders = self._prefixes.get(digest)
             if holders is not None:
@@ -262,3 +324,4 @@ class PrefixCache:
             self._entries.clear()
             self._prefixes.clear()
             self._bytes = 0
+            self.stats.checkpoints = self.stats.checkpoint_bytes = 0

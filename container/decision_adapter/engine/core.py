@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .cache import PrefixCache, boundary_keys, tokens_key
+from .cache import PrefixCache, answer_key, boundary_keys, tokens_key
 from .llama_model import EngineOptions, LlamaModel, check_gpu_layers, init_backend, versions
-from .plan import JobSpec, Limits, Plan, plan_job
+from .memory_kind import MemoryKind
+from .plan import JobSpec, Limits, Plan, kept_boundaries, plan_job
 from .readout import LabelTrie, PromptScore, ScoreStats, common_prefix
 from .runner import Runner, answer_keys
 from .vocabulary import Vocabulary
@@ -36,10 +37,17 @@ class Engine:
         self.model = LlamaModel(model_path, options)
         try:
             self.vocabulary = Vocabulary(self.model)
+            memory = self.model.memory
+            # The fused layout decodes the state's last micro-batch with a prompt: where the memory needs a
+            # checkpoint at the state's end, it is laid out exactly (``layout`` says which ran).
             self.limits = Limits(batch_tokens=options.batch_tokens, cells=self.model.ctx_tokens,
                                  sequences=options.parallel_sequences, fork_by=self.model.fork_by,
-                                 fused=options.layout == "fused")
+                                 fused=options.layout == "fused" and not memory.checkpoints, memory=memory)
             self.runner = Runner(self.model, self.limits, self.cache)
+            # Orderings share their stem where the split is exact here: always where it is part of every prompt's
+            # layout (a recurrent state), elsewhere where a decode of a stem's rest gives the bits of the prompt
+            # decoded whole on these kernels (a start-up probe: not on every GPU or attention kernel).
+            self.stems = memory.splits_stems or self.runner.stems_exact()
         except BaseException:
             self.model.free()
             raise
@@ -64,8 +72,19 @@ class Engine:
 
     @property
     def layout(self) -> str:
-        """How jobs are laid out in llama_decode calls (``EngineOptions.layout``): what every result reports."""
-        return self.options.layout
+        """How jobs are laid out in llama_decode calls (``EngineOptions.layout``, where the memory allows it): what
+        every result reports."""
+        return "fused" if self.limits.fused else "exact"
+
+    @property
+    def memory(self) -> MemoryKind:
+        """What the model's memory is made of (``memory_kind``)."""
+        return self.limits.memory
+
+    @property
+    def memory_info(self) -> dict[str, object]:
+        """The model's memory kind and what each reuse does on it (``/ping``, the start-up log)."""
+        return self.limits.memory.describe(stems=self.stems and not self.runner.cuts_refused)
 
     @property
     def versions(self) -> dict[str, str]:
@@ -107,20 +126,29 @@ class Engine:
         head = len(own_head) if own_head and common_prefix([own_head, *prompts]) == len(own_head) else 0
         common = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
         end = max(head, common if state is None else min(state[1], common))
-        state_key = tokens_key("state", prompts[0][:end]) if end > head else None
-        keys = tuple(tokens_key("answer", p, t.sequences) for p, t in zip(prompts, tries))
-        # Where a cached prefix of the state may end: its own micro-batch boundaries (the fused layout's last one
-        # holds a prompt's tokens too, so it is not one). A recurrent or hybrid model cannot cut a restored state
-        # back to a prefix: it has none.
+        memory, reuse = self.limits.memory, not self.runner.cuts_refused
+        # A state is cached only where the cache could keep it: with the cache off (ADAPTER_STATE_CACHE_MB=0) or
+        # for a state as long as one that did not fit, nothing is saved, and admission counts on nothing.
+        cached = end > head and self.runner.could_cache(end)
+        state_key = tokens_key("state", prompts[0][:end]) if cached else None
+        # The state's micro-batch boundaries (the fused layout's last one holds a prompt's tokens too, so it is not
+        # one): where a cached prefix of it may end, and where a sliding window is laid out as a restore lays it
+        # out, cached or not.
         last = end - 1 if self.limits.fused else end
         boundaries = boundary_keys(prompts[0], head, last, self.limits.batch_tokens) \
-            if state_key and self.model.truncatable else ()
-        # A stem that does not reach past the state is no stem; a recurrent or hybrid model cannot cut a sequence
-        # back to its stem, so its prompts are decoded whole, as before stems.
+            if end > head and ((state_key and reuse) or memory.compacts) else ()
+        # What the saved state serves as: every boundary, or where checkpoints are needed, those it keeps one at.
+        kept = kept_boundaries(len(boundaries), self.options.checkpoints) if memory.checkpoints else None
+        prefixes = tuple(digest for n, (_, digest) in enumerate(boundaries) if kept is None or n in kept) \
+            if state_key and reuse else ()
+        # A stem that does not reach past the state is no stem; none where the probe found a stem's rest inexact.
         own_stems = tuple(max(end, min(stem, len(p) - 1)) for stem, p in zip(stems, prompts)) \
-            if stems and self.model.truncatable else ()
+            if stems and self.stems and reuse else ()
+        own_stems = own_stems if any(s > end for s in own_stems) else ()
+        keys = tuple(answer_key(p, t.sequences, end, own_stems[i] if own_stems else end)
+                     for i, (p, t) in enumerate(zip(prompts, tries))) if self.cache.budget_bytes > 0 else ()
         return JobSpec(prompts, tuple(tries), head, end, state_key, answer_keys=keys, boundaries=boundaries,
-                       stems=own_stems if any(s > end for s in own_stems) else ())
+                       prefixes=prefixes, stems=own_stems)
 
     def plan(self, spec: JobSpec) -> Plan:
         """The plan of a job as if nothing were cached: its peak memory is the most the job can need."""

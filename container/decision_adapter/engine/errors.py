@@ -21,7 +21,12 @@ class DecodeAborted(EngineError):
 
 
 class RestoreFailed(EngineError):
-    """llama.cpp refused a saved sequence; the job is decoded again from the head."""
+    """llama.cpp refused a saved sequence or a checkpoint; the job is decoded again from the head."""
+
+
+class CutRefused(RestoreFailed):
+    """llama.cpp refused to cut a sequence back: the model's memory is not what its kind says. The job is decoded
+    again from the head, without the reuse that needed the cut."""
 
 
 class PlanError(ValueError):

@@ -1,10 +1,11 @@
 """The executor: the only code that calls ``llama_decode``.
 
-It runs a plan's steps in order against a ``Memory``: restores, forks, saves and releases go to the memory,
-each ``Decode`` step becomes exactly one ``llama_decode`` whose micro-batch holds the step's chunks and
+It runs a plan's steps in order against a ``Memory``: restores, checkpoints, forks, saves, cuts and releases go to
+the memory, each ``Decode`` step becomes exactly one ``llama_decode`` whose micro-batch holds the step's chunks and
 nothing else (the context's micro-batch size is the largest step, so llama.cpp never splits it), and after
 each decode it reads what the plan asked for: the logits of a label-trie node's children, the log-normaliser
-of the whole vocabulary and the top token.
+of the whole vocabulary and the top token. Decodes and memory steps are timed apart: the seconds a release
+computes in (``prefill_s``, ``readout_s``) are its decodes', whatever share of the traffic restores saved states.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from .errors import DecodeAborted, EngineError
 from .memory import Blob, Memory
-from .plan import Cut, Decode, Fork, Read, Release, Restore, Save, Step
+from .plan import BlobKey, Checkpoint, Cut, Decode, Fork, Read, Release, Restore, RestoreCheckpoint, Save, Step
 from .readout import NodeRead
 
 DECODE_FAILURES = {1: "no free memory cells for the batch", 2: "aborted", -1: "invalid batch"}
@@ -27,12 +28,15 @@ DECODE_FAILURES = {1: "no free memory cells for the batch", 2: "aborted", -1: "i
 
 @dataclass
 class Outcome:
-    """What running a plan produced: every read, and the seconds spent before and in the label paths."""
+    """What running a plan produced: every read, the states and checkpoints it saved, and the seconds its decodes
+    took before and in the label paths and its memory steps (restores, checkpoints, forks, saves, cuts) took."""
 
     reads: dict[tuple[int, tuple[int, ...]], NodeRead] = field(default_factory=dict)
     saved: dict[bytes, Blob] = field(default_factory=dict)
+    checkpoints: dict[BlobKey, Blob] = field(default_factory=dict)
     prefill_s: float = 0.0
     readout_s: float = 0.0
+    memory_s: float = 0.0
 
 
 class AbortFlag:
@@ -72,17 +76,21 @@ class Executor:
         self.abort = AbortFlag()
         llama.llama_set_abort_callback(ctx, self.abort.callback, self.abort.data)
 
-    def run_step(self, step: Step, memory: Memory, blobs: dict[str | bytes, Blob], outcome: Outcome) -> None:
+    def run_step(self, step: Step, memory: Memory, blobs: dict[BlobKey, Blob], outcome: Outcome) -> None:
         started = time.perf_counter()
         if isinstance(step, Decode):
             self.decode(step, outcome.reads)
             if any(c.read is not None and c.read.node for c in step.chunks):
                 outcome.readout_s += time.perf_counter() - started
-                return
-        elif isinstance(step, Restore):
+            else:
+                outcome.prefill_s += time.perf_counter() - started
+            return
+        if isinstance(step, Restore):
             memory.load(step.seq, blobs[step.blob])
-            if step.prefix:
-                memory.cut(step.seq, step.tokens)
+        elif isinstance(step, Checkpoint):
+            blobs[step.key] = outcome.checkpoints[step.key] = memory.save_checkpoint(step.seq)
+        elif isinstance(step, RestoreCheckpoint):
+            memory.load_checkpoint(step.seq, blobs[step.key])
         elif isinstance(step, Fork):
             memory.fork(step.src, step.dst)
         elif isinstance(step, Save):
@@ -91,7 +99,7 @@ class Executor:
             memory.release(step.seqs)
         elif isinstance(step, Cut):
             memory.cut(step.seq, step.tokens)
-        outcome.prefill_s += time.perf_counter() - started
+        outcome.memory_s += time.perf_counter() - started
 
     def decode(self, step: Decode, reads: dict[tuple[int, tuple[int, ...]], NodeRead]) -> None:
         batch = self._batch

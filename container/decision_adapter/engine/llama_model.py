@@ -17,6 +17,7 @@ import llama_cpp as llama
 
 from . import backends
 from .errors import EngineError, GpuUnavailable
+from .memory_kind import MemoryKind
 
 # The llama.cpp commit that each pinned llama-cpp-python release vendors (from its changelog); the
 # library does not report it at run time.
@@ -24,6 +25,7 @@ VENDORED_LLAMA_CPP = {"0.3.36": "ggml-org/llama.cpp@0c1e57098"}
 KV_CACHE_TYPES = {"f32": llama.GGML_TYPE_F32, "f16": llama.GGML_TYPE_F16}
 FORK_BY = ("copy", "snapshot", "auto")
 LAYOUTS = ("exact", "fused")
+CHECKPOINTS = ("spaced", "last", "every")  # plan.kept_boundaries
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,15 @@ class EngineOptions:
     layout: str  # "exact", or "fused": the state's last micro-batch and the first question as one decode (plan)
     cpu_variant: str  # llama.cpp's CPU kernels: "auto" (the best for this CPU) or a variant's name (backends)
     fork_by: str = "auto"  # "copy" (share memory cells), "snapshot" (save/restore) or "auto": what the model allows
+    # Which boundaries of a saved state keep a checkpoint where the memory needs one (plan.kept_boundaries): an
+    # experiment of the benchmarks, not a setting.
+    checkpoints: str = "spaced"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be exact or fused, not {self.layout!r}")
+        if self.checkpoints not in CHECKPOINTS:
+            raise ValueError(f"checkpoints must be one of {', '.join(CHECKPOINTS)}, not {self.checkpoints!r}")
         if self.fork_by not in FORK_BY:
             raise ValueError(f"fork_by must be copy, snapshot or auto, not {self.fork_by!r}")
         if self.kv_cache_type not in KV_CACHE_TYPES:
@@ -65,10 +72,14 @@ class LlamaModel:
             raise EngineError(f"llama.cpp could not load the model file {path}")
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)
-        # Recurrent and hybrid models cannot cut a sequence back: a fork is a snapshot of the sequence, restored.
-        non_truncatable = bool(llama.llama_model_is_recurrent(self.model) or llama.llama_model_is_hybrid(self.model))
-        self.truncatable = not non_truncatable  # a restored state can be cut back to a prefix of it
-        self.fork_by = options.fork_by if options.fork_by != "auto" else ("snapshot" if non_truncatable else "copy")
+        # What its memory is made of (``memory_kind``): a sliding window, a recurrent state, attention cells.
+        recurrent = bool(llama.llama_model_is_recurrent(self.model))
+        self.memory = MemoryKind(window=max(0, int(llama.llama_model_n_swa(self.model))),
+                                 recurrent=recurrent or bool(llama.llama_model_is_hybrid(self.model)),
+                                 attention=not recurrent)
+        # A fork of a recurrent state is a snapshot of the sequence, restored.
+        self.fork_by = options.fork_by if options.fork_by != "auto" else \
+            ("snapshot" if self.memory.recurrent else "copy")
         self.ctx = llama.llama_init_from_model(self.model, context_params(options))
         if not self.ctx:
             self.free()

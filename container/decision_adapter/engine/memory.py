@@ -2,8 +2,9 @@
 
 ``Memory`` is the only code that changes which cells hold what: it empties the memory between jobs, restores
 saved sequences (the resident head, cached states), forks a sequence (``llama_memory_seq_cp``, which shares
-cells, or, for models whose memory cannot be cut back, a save and restore of the sequence), serialises a
-sequence for the state cache and releases sequences.
+cells, or a save and restore of the sequence), serialises a sequence for the state cache, saves and restores a
+sequence's checkpoint (the part of its memory no cut brings back: a sliding window, a recurrent state;
+``memory_kind``), cuts a sequence back and releases sequences.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Iterable
 
 import llama_cpp as llama
 
-from .errors import EngineError, RestoreFailed
+from .errors import CutRefused, EngineError, RestoreFailed
 
 # A saved sequence: the buffer llama_state_seq_get_data filled, kept and restored from without copies.
 Blob = ctypes.Array
@@ -43,12 +44,30 @@ class Memory:
             raise EngineError(f"llama_state_seq_get_data wrote {written} of {size} bytes")
         return buf
 
+    def save_checkpoint(self, seq: int) -> Blob:
+        """The part of ``seq``'s memory that no cut brings back (its sliding window, its recurrent state), serialised
+        into a buffer of its own (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``)."""
+        flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama.llama_state_seq_get_size_ext(self._ctx, seq, flags)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, flags)
+        if written != size:
+            raise EngineError(f"llama_state_seq_get_data_ext wrote {written} of {size} bytes of a checkpoint")
+        return buf
+
+    def load_checkpoint(self, seq: int, blob: Blob) -> None:
+        """Put a checkpoint back into ``seq`` in place of that part of its memory (its attention cells stay)."""
+        if llama.llama_state_seq_set_data_ext(self._ctx, blob, ctypes.sizeof(blob), seq,
+                                              llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) == 0:
+            raise RestoreFailed("llama_state_seq_set_data_ext could not restore a checkpoint")
+
     def cut(self, seq: int, tokens: int) -> None:
         """Keep only ``seq``'s first ``tokens`` positions: the cells past them are free again, and the next
         cells used are the first of them (llama.cpp's search for a slot restarts at the lowest cell freed), as
-        after a decode of those tokens alone."""
+        after a decode of those tokens alone. ``CutRefused`` where the memory cannot be cut there (a recurrent
+        state that is not at that position)."""
         if not llama.llama_memory_seq_rm(self._memory, seq, tokens, -1):
-            raise EngineError(f"llama_memory_seq_rm could not cut a sequence at {tokens}")
+            raise CutRefused(f"llama_memory_seq_rm could not cut a sequence at {tokens}")
 
     def fork(self, src: int, dst: int) -> None:
         if self.fork_by == "copy":

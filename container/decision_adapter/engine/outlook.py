@@ -21,10 +21,11 @@ from .plan import JobSpec, Limits, Plan, plan_job
 
 def leaves(spec: JobSpec) -> Iterable[bytes]:
     """The cache entries a job leaves once it has run: its state (decoded and saved, or restored) with the prefixes
-    it serves as, and its prompts' answers."""
+    it serves as, and its prompts' answers; nothing the cache could not keep (the engine gives such a job no state
+    key and no answer keys: the cache is off, or a state as long did not fit)."""
     if spec.state_key is not None:
         yield spec.state_key
-        yield from (digest for _, digest in spec.boundaries)
+        yield from spec.prefixes
     yield from spec.answer_keys
 
 

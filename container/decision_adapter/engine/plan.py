@@ -16,8 +16,9 @@ request holds and whatever is cached:
   first token and saved for later requests;
 * a state the cache does not hold whole may share a prefix with one it holds (an agent's transcript that grew by
   a few lines): the longest shared prefix that ends on one of the new state's own micro-batch boundaries is
-  restored (the saved state loaded, its cells past the boundary released) and the state is decoded on from
-  there, in the very micro-batches and cells a decode from the head would have used after that boundary;
+  restored (the saved state loaded, then, where the model's memory has a part no cut brings back, the checkpoint
+  saved at that boundary, then its cells past the boundary released) and the state is decoded on from there, in the
+  very micro-batches and cells a decode from the head would have used after that boundary;
 * each prompt in turn is forked from sequence 0 and its own tokens (question, options, answer position) are
   decoded in micro-batches from its own first token, so they land in the cells right after the state;
 * its label paths (labels of several tokens, past 26 options) are then decoded side by side on forks of it,
@@ -27,7 +28,8 @@ A prompt may name its stem (``JobSpec.stems``): its own tokens that do not depen
 question, up to its options block). Consecutive prompts with the same stem (the orderings of one question, or of its
 prior) decode it once: the first forks the state and is decoded whole, its sequence is cut back to the stem
 (``Cut``: the rest's cells free again, the next prompt's rest goes into the same cells), and each next prompt
-decodes only its rest (options block, answer position) after it. The rest's micro-batches are those of the prompt
+decodes only its rest (options block, answer position) after it (where the memory has a recurrent state, the stem
+is decoded on its own, its checkpoint kept, and restored before the cut). The rest's micro-batches are those of the prompt
 decoded whole (``batch_tokens`` each from the state's end), the one the stem ends in split in two: its stem part
 (decoded by the first prompt) and its rest part. llama.cpp's CPU matrix kernels work on the rows of a micro-batch
 in groups (4 on x86-64 for the benchmark model's Q4_K), a group's rows computed together and the rows left over
@@ -36,6 +38,14 @@ stays in the group it has in the whole micro-batch, and the keys, values and log
 whole, bit for bit (measured: docs/benchmarks.md, "Orderings that share their stem"). A question's orderings then
 cost its stem once and each ordering's options block, in one ``llama_decode`` each (a decode of a few dozen tokens
 costs several times its tokens' share on a CPU, so a split that is not needed is not made).
+
+The model's memory (``MemoryKind``) adds two rules where part of it cannot be cut back. A sliding window: the state
+is laid out as a restore lays it out, its window checkpointed and restored at each micro-batch boundary and at its
+end (``Checkpoint`` then ``RestoreCheckpoint``), so a state decoded, restored whole or restored from a prefix holds
+the same cells. A recurrent state: a prompt with a stem is always decoded as its stem and then its rest (the
+recurrence is computed in other chunks when a decode is split elsewhere), its checkpoint taken at the stem for the
+orderings after it. The checkpoints a saved state keeps for later requests (``JobSpec.prefixes``) are chosen by
+``kept_boundaries``.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence, Union
 
 from .errors import PlanError
+from .memory_kind import MemoryKind
 from .readout import LabelTrie
 
 # The stem and the rest of a prompt are split at a multiple of this many rows from the first row of their
@@ -54,6 +65,37 @@ STATE_SEQ = 0
 PROMPT_SEQ = 1
 FIRST_PATH_SEQ = 2
 HEAD_BLOB = "head"
+# Where a job keeps what it restores and saves: the head (HEAD_BLOB), a cached state (its state key), the state a
+# prefix is restored from (the boundary's digest), and checkpoints (``checkpoint_key``).
+BlobKey = Union[str, bytes, tuple]
+STATE_END = "end"  # the checkpoint a sliding window is laid out by at the state's end
+STEM = "stem"  # a stem's checkpoint (with the index of the first prompt that decoded it)
+
+
+def checkpoint_key(at: bytes | str, *index: int) -> tuple:
+    """The key of a checkpoint: at a state boundary (its digest), at the state's end (STATE_END), or at a stem (STEM
+    and the index of the prompt that decoded it)."""
+    return ("checkpoint", at, *index)
+
+
+def kept_boundaries(count: int, policy: str = "spaced") -> frozenset[int]:
+    """Which of a saved state's ``count`` micro-batch boundaries (0 .. count - 1) keep their checkpoint, and so serve
+    later requests as prefixes, on a memory that needs one: ``every`` one; the ``last`` two; or ``spaced`` (the
+    default): the last three and then every boundary a power of two further back (count - 1, - 2, - 3, - 5, - 9,
+    ...), about log2(count) + 2 of them. A state that grows (an agent's transcript) is taken up again at its last
+    boundary or the one before; one that changes further back finds a boundary at most half the distance back."""
+    if policy == "every":
+        return frozenset(range(count))
+    if policy == "last":
+        return frozenset(range(max(0, count - 2), count))
+    if policy != "spaced":
+        raise ValueError(f"checkpoints must be every, last or spaced, not {policy!r}")
+    kept = {count - 1 - back for back in (0, 1, 2) if back < count}
+    back = 4
+    while back < count:
+        kept.add(count - 1 - back)
+        back *= 2
+    return frozenset(kept)
 
 
 @dataclass(frozen=True)
@@ -76,13 +118,32 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Restore:
-    """Load a saved sequence (the head, or the head and a cached state) into ``seq``; for a ``prefix``, keep only
-    its first ``tokens`` positions (the saved state holds more: the cells past them are released)."""
+    """Load a saved sequence (the head, the head and a cached state, or the saved state a prefix is taken from) into
+    ``seq``, of which the plan keeps the first ``tokens`` positions (a prefix: cut back to them after)."""
 
     seq: int
-    blob: str | bytes  # HEAD_BLOB, a state-cache key, or a boundary digest (a prefix)
+    blob: BlobKey  # HEAD_BLOB, a state-cache key, or a boundary digest (a prefix's saved state)
     tokens: int
-    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Save the part of ``seq``'s memory that no cut brings back (its sliding window, its recurrent state) as it
+    stands after ``tokens`` positions, under ``key`` (``checkpoint_key``)."""
+
+    seq: int
+    key: BlobKey
+    tokens: int
+
+
+@dataclass(frozen=True)
+class RestoreCheckpoint:
+    """Put the checkpoint ``key`` back into ``seq`` in place of that part of its memory (the attention cells are
+    left as they are: a ``Cut`` to ``tokens`` follows where the sequence holds more)."""
+
+    seq: int
+    key: BlobKey
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -105,7 +166,8 @@ class Fork:
 @dataclass(frozen=True)
 class Save:
     """Serialise ``seq`` (head and state) into the state cache under ``key``, serving as each of the ``prefixes``
-    (the digests of its micro-batch boundaries) too."""
+    (the digests of its micro-batch boundaries; where the memory needs checkpoints, those whose checkpoint it keeps)
+    too."""
 
     seq: int
     key: bytes
@@ -126,7 +188,7 @@ class Cut:
     tokens: int
 
 
-Step = Union[Restore, Decode, Fork, Save, Release, Cut]
+Step = Union[Restore, Checkpoint, RestoreCheckpoint, Decode, Fork, Save, Release, Cut]
 
 
 @dataclass(frozen=True)
@@ -136,6 +198,7 @@ class Limits:
     sequences: int  # sequence ids the context has
     fork_by: Literal["copy", "snapshot"] = "copy"
     fused: bool = False  # the fused layout: the state's last micro-batch and the first prompt's own tokens as one
+    memory: MemoryKind = MemoryKind()  # what the model's memory is made of: where checkpoints are needed
 
 
 @dataclass(frozen=True)
@@ -151,9 +214,12 @@ class JobSpec:
     answered: frozenset[int] = frozenset()  # prompts whose whole answer the cache already holds
     answer_keys: tuple[bytes, ...] = ()  # where each prompt's answer is (or will be) cached; (): not cached
     # The state's micro-batch boundaries (head + batch_tokens, head + 2 * batch_tokens, ... up to state_end), each
-    # with the digest of the tokens before it (``cache.boundary_keys``): where a cached prefix may end, and what the
-    # saved state serves as. The fused layout leaves out state_end (its last micro-batch holds a prompt's tokens).
+    # with the digest of the tokens before it (``cache.boundary_keys``): where a cached prefix may end. The fused
+    # layout leaves out state_end (its last micro-batch holds a prompt's tokens).
     boundaries: tuple[tuple[int, bytes], ...] = ()
+    # The boundary digests the saved state serves as a prefix for later requests: every boundary's, or where the
+    # memory needs checkpoints, those whose checkpoint it keeps (``kept_boundaries``).
+    prefixes: tuple[bytes, ...] = ()
     prefix: int = 0  # the state restored from a cached prefix up to this boundary (0: none)
     # For each prompt, where its stem ends (its own tokens before it do not depend on the order of its options:
     # decoded once for consecutive prompts that share them, ``stem_split``); state_end: no stem. (): none has one.
@@ -228,6 +294,8 @@ def plan_job(spec: JobSpec, limits: Limits) -> Plan:
                          f"prompt at least one token of its own (shortest prompt: {shortest} tokens)")
     if spec.prefix and not (spec.head < spec.prefix <= spec.state_end and spec.prefix_key is not None):
         raise ValueError(f"a prefix restored to {spec.prefix} must end on one of the state's boundaries")
+    if limits.fused and limits.memory.checkpoints:
+        raise ValueError("the fused layout decodes the state's end with a prompt: no checkpoint can be taken there")
     if spec.stems and (len(spec.stems) != len(spec.prompts)
                        or not all(spec.state_end <= end < len(p) for end, p in zip(spec.stems, spec.prompts))):
         raise ValueError("each prompt's stem must end within its own tokens, before its last")
@@ -260,6 +328,7 @@ class _Planner:
         self.peak = 0
         self.shared = self.cached = self.readout = self.paths_seqs = 0
         self.own = [0] * len(spec.prompts)
+        self.stem_key: tuple = ()  # the checkpoint of the stem the prompts being decoded share (recurrent memory)
 
     def same_stem(self, i: int | None, j: int | None) -> bool:
         """Whether prompts ``i`` and ``j`` are split at one place after the same tokens: ``j`` can start from the
@@ -295,9 +364,13 @@ class _Planner:
         start = spec.head
         if spec.prefix and (prefix_key := spec.prefix_key) is not None:
             # The saved state momentarily holds its own cells whole; it was decoded in this context, from empty
-            # memory, so it fits the cells, and past the restore only the prefix's are held.
+            # memory, so it fits the cells, and past the cut only the prefix's are held. Its checkpoint at the
+            # boundary goes back first: on a recurrent state the cut is refused unless the state is at the boundary.
             start = spec.prefix
-            self.steps.append(Restore(STATE_SEQ, prefix_key, start, prefix=True))
+            self.steps.append(Restore(STATE_SEQ, prefix_key, start))
+            if limits.memory.checkpoints:
+                self.steps.append(RestoreCheckpoint(STATE_SEQ, checkpoint_key(prefix_key), start))
+            self.steps.append(Cut(STATE_SEQ, start))
             self.hold(STATE_SEQ, start)
             self.cached = start - spec.head
         elif spec.head:
@@ -326,17 +399,41 @@ class _Planner:
             self.hold(PROMPT_SEQ, len(suffix))
             self.own[first] = len(suffix)
         else:
-            self.steps += state
+            self.state_decodes(state)
         self.hold(STATE_SEQ, spec.state_end - start)
         self.shared = spec.state_end - start
         self.save_state()
+        if limits.memory.compacts and spec.state_end not in dict(spec.boundaries):
+            self.compact(STATE_END, spec.state_end)
         return first if fused else None
+
+    def state_decodes(self, decodes: list[Decode]) -> None:
+        """The state's micro-batches, each followed, where the memory needs checkpoints and it ends on a boundary,
+        by the checkpoint there: kept for later requests where the saved state keeps it (``JobSpec.prefixes``), and
+        on a sliding window restored at once, so that the window lies where a restore puts it."""
+        memory, kept = self.limits.memory, set(self.spec.prefixes)
+        ends = dict(self.spec.boundaries)
+        for step in decodes:
+            self.steps.append(step)
+            end = step.chunks[0].pos + len(step.chunks[0].tokens)
+            digest = ends.get(end)
+            if digest is None or not memory.checkpoints:
+                continue
+            if memory.compacts:
+                self.compact(digest, end)
+            elif digest in kept:
+                self.steps.append(Checkpoint(STATE_SEQ, checkpoint_key(digest), end))
+
+    def compact(self, at: bytes | str, tokens: int) -> None:
+        """The state's sliding window checkpointed and restored where it stands: laid out in the first cells, as a
+        saved state's window is restored."""
+        key = checkpoint_key(at)
+        self.steps += [Checkpoint(STATE_SEQ, key, tokens), RestoreCheckpoint(STATE_SEQ, key, tokens)]
 
     def save_state(self) -> None:
         spec = self.spec
         if spec.state_key is not None:
-            self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end,
-                                   tuple(digest for _, digest in spec.boundaries)))
+            self.steps.append(Save(STATE_SEQ, spec.state_key, spec.state_end, spec.prefixes))
 
     def prompt_steps(self, i: int, *, own_decoded: bool, stem_decoded: bool = False, stem_kept: bool = False) -> None:
         """Prompt ``i``: forked from the state, its own tokens decoded from their first (unless the fused state's
@@ -345,14 +442,27 @@ class _Planner:
         prompt's sequence is cut back to its stem for the next prompt (``stem_kept``) instead of released."""
         spec, limits = self.spec, self.limits
         prompt, trie = spec.prompts[i], spec.tries[i]
+        split = self.split(i)
         # The first prompt of a stem is decoded whole, not as its stem then its rest: the split falls on a row
-        # group's edge, so the stem's keys and values are the same bit for bit, for one llama_decode fewer.
-        begin = self.split(i) if stem_decoded else spec.state_end
+        # group's edge, so the stem's keys and values are the same bit for bit, for one llama_decode fewer. A
+        # recurrent state is the exception: its state at the stem exists only after a decode that ends there, and a
+        # decode split there computes the recurrence in other chunks than one that is not, so every prompt with a
+        # stem is split there, alone or not, and the first of a shared stem keeps the checkpoint.
+        begin = split if stem_decoded else spec.state_end
         if not own_decoded:
             if not stem_decoded:
                 self.fork(STATE_SEQ, PROMPT_SEQ, spec.state_end)
-            self.steps += aligned(PROMPT_SEQ, prompt, begin, len(prompt), spec.state_end, limits.batch_tokens,
-                                  Read(i, (), trie.children[()]))
+                self.stem_key = checkpoint_key(STEM, i)
+            read = Read(i, (), trie.children[()])
+            if limits.memory.splits_stems and begin < split:
+                self.steps += aligned(PROMPT_SEQ, prompt, begin, split, spec.state_end, limits.batch_tokens, None)
+                if stem_kept:
+                    self.steps.append(Checkpoint(PROMPT_SEQ, self.stem_key, split))
+                self.steps += aligned(PROMPT_SEQ, prompt, split, len(prompt), spec.state_end, limits.batch_tokens,
+                                      read)
+            else:
+                self.steps += aligned(PROMPT_SEQ, prompt, begin, len(prompt), spec.state_end, limits.batch_tokens,
+                                      read)
             self.hold(PROMPT_SEQ, len(prompt) - begin)
             self.own[i] = len(prompt) - begin
         paths = trie.inner_nodes
@@ -373,9 +483,10 @@ class _Planner:
             for seq in seqs:
                 self.live.pop(seq)
         if stem_kept:
-            stem = self.split(i)
-            self.steps.append(Cut(PROMPT_SEQ, stem))
-            self.live[PROMPT_SEQ] = stem - spec.state_end
+            if limits.memory.splits_stems:
+                self.steps.append(RestoreCheckpoint(PROMPT_SEQ, self.stem_key, split))
+            self.steps.append(Cut(PROMPT_SEQ, split))
+            self.live[PROMPT_SEQ] = split - spec.state_end
         else:
             self.steps.append(Release((PROMPT_SEQ,)))
             self.live.pop(PROMPT_SEQ)

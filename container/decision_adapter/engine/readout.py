@@ -82,13 +82,19 @@ class ScoreStats:
     cached_tokens: int  # tokens an earlier request evaluated, taken from the state cache
     own_tokens: tuple[int, ...]  # tokens evaluated for each prompt alone
     readout_tokens: int  # label tokens evaluated for the chain rule
-    prefill_s: float
-    readout_s: float
+    prefill_s: float  # the decodes' seconds before the label paths
+    readout_s: float  # the label paths' decodes
+    memory_s: float = 0.0  # restores, checkpoints, forks, saves and cuts: memory moved, nothing computed
 
     @property
     def evaluated_tokens(self) -> int:
         """Tokens llama.cpp evaluated for the call (prefill_s and readout_s are their time): not those reused."""
         return self.shared_tokens + sum(self.own_tokens) + self.readout_tokens
+
+    @property
+    def compute_s(self) -> float:
+        """The seconds the call's decodes took: what the release computes in, memory steps apart."""
+        return self.prefill_s + self.readout_s
 
 
 def common_prefix(sequences: Sequence[Sequence[int]]) -> int:

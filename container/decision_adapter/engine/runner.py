@@ -16,13 +16,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from .cache import PrefixCache, tokens_key
+from .cache import PrefixCache, SavedState, answer_key
 from .errors import EngineError, RestoreFailed, ScoringFailed
 from .executor import Executor, Outcome
 from .llama_model import LlamaModel
 from .memory import Blob, Memory
 from .outlook import foreseen_plan
-from .plan import HEAD_BLOB, STATE_SEQ, Decode, JobSpec, Limits, Plan, Save, chunked, plan_job
+from .plan import (HEAD_BLOB, STATE_SEQ, BlobKey, Chunk, Cut, Decode, JobSpec, Limits, Plan, Read, Save,
+                   checkpoint_key, chunked, plan_job)
 from .readout import PromptScore, ScoreStats, common_prefix, prompt_score
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class Job:
 
     spec: JobSpec
     plan: Plan
-    blobs: dict[str | bytes, Blob]
+    blobs: dict[BlobKey, Blob]
     answered: dict[int, PromptScore]  # prompts answered from the cache
     answer_keys: tuple[bytes, ...]
     outcome: Outcome = field(default_factory=Outcome)
@@ -43,6 +44,7 @@ class Job:
     restarts: int = 0
     held: tuple[bytes, ...] = ()  # cache entries this job holds (released when it ends)
     decoded_tokens: int = 0  # tokens of the decode steps run so far (what the speed is measured on)
+    source: tuple[bytes, SavedState | Blob] | None = None  # the saved state a prefix was restored from (key, value)
 
     @property
     def done(self) -> bool:
@@ -53,15 +55,27 @@ class Job:
         """Tokens the job decodes: what it costs the model."""
         return self.plan.tokens
 
+    @property
+    def compute_s(self) -> float:
+        """The seconds its decodes have taken so far (its memory steps apart)."""
+        return self.outcome.prefill_s + self.outcome.readout_s
+
     def restart(self, plan: Plan) -> None:
         self.plan, self.outcome, self.next = plan, Outcome(), 0
         self.spec = replace(self.spec, state_cached=False, prefix=0)
+        self.source = None
         self.restarts += 1
+
+
+def sequence(saved: SavedState | Blob) -> Blob:
+    """The saved sequence of a cached state (with or without checkpoints)."""
+    return saved.blob if isinstance(saved, SavedState) else saved
 
 
 def answer_keys(spec: JobSpec) -> tuple[bytes, ...]:
     """Where each prompt's answer is cached: the spec's own keys, or the digests of its prompts and labels."""
-    return spec.answer_keys or tuple(tokens_key("answer", p, t.sequences) for p, t in zip(spec.prompts, spec.tries))
+    return spec.answer_keys or tuple(answer_key(p, t.sequences, spec.state_end, spec.stem(i))
+                                     for i, (p, t) in enumerate(zip(spec.prompts, spec.tries)))
 
 
 class Runner:
@@ -73,6 +87,9 @@ class Runner:
         self._executor: Executor | None = Executor(model.ctx, model.n_vocab, limits.batch_tokens)
         self.head: tuple[int, ...] = ()
         self._head_blob: Blob | None = None
+        # Set once llama.cpp refuses a cut the model's memory kind allows: no prefixes or stems from then on.
+        self.cuts_refused = False
+        self._too_large = 2**62  # the fewest tokens of a state that was larger than the whole cache
 
     # ---- the resident head ---------------------------------------------------------------------
 
@@ -88,6 +105,40 @@ class Runner:
                 self._head_blob = self._memory.save(STATE_SEQ)
                 self._memory.reset()
             self.head = tuple(tokens)
+
+    # ---- what the engine may reuse -------------------------------------------------------------
+
+    def stems_exact(self) -> bool:
+        """Whether a stem's rest, decoded after a cut of another prompt with the same stem, gives the logits of the
+        prompt decoded whole, bit for bit, on these kernels (``plan``'s split at a row-group edge holds on the CPU
+        kernels it was measured on; a GPU or another attention kernel may group rows otherwise). Two prompts of 61
+        tokens sharing 24 and 8, decoded from empty memory; run once at start-up."""
+        with self.lock:
+            try:
+                for length, stem in ((61, 24), (37, 8)):
+                    first = tuple(range(100, 100 + length))
+                    second = first[:stem] + tuple(range(300, 300 + length - stem))
+                    read = Read(0, (), (0,))
+                    whole: dict = {}
+                    self._memory.reset()
+                    self._executor.decode(Decode((Chunk(STATE_SEQ, 0, second, read),)), whole)
+                    rest: dict = {}
+                    self._memory.reset()
+                    self._executor.decode(Decode((Chunk(STATE_SEQ, 0, first, None),)), rest)
+                    self._memory.cut(STATE_SEQ, stem)
+                    self._executor.decode(Decode((Chunk(STATE_SEQ, stem, second[stem:], read),)), rest)
+                    if whole[0, ()] != rest[0, ()]:
+                        log.info("a stem's rest does not give the bits of the prompt decoded whole on these kernels: "
+                                 "orderings do not share their stem")
+                        return False
+                return True
+            finally:
+                self._memory.reset()
+
+    def could_cache(self, tokens: int) -> bool:
+        """Whether a state of ``tokens`` tokens could be kept: the cache is on, and no state as long has been too
+        large for it."""
+        return self.cache.budget_bytes > 0 and tokens < self._too_large
 
     # ---- jobs (the scheduler's JobRunner) ------------------------------------------------------
 
@@ -106,25 +157,28 @@ class Runner:
             raise ScoringFailed("the engine is closed")
         keys = answer_keys(spec)
         answered = {i: a for i, key in enumerate(keys) if (a := self.cache.get(key)) is not None}
-        blobs: dict[str | bytes, Blob] = {HEAD_BLOB: self._head_blob} if self._head_blob is not None else {}
+        blobs: dict[BlobKey, Blob] = {HEAD_BLOB: self._head_blob} if self._head_blob is not None else {}
         held: tuple[bytes, ...] = ()
-        cached_state = None
+        cached_state = source = None
         prefix = 0
         if spec.state_key is not None and len(answered) < len(spec.prompts):
             cached_state = self.cache.acquire(spec.state_key)
             if cached_state is not None:
-                blobs[spec.state_key] = cached_state
+                blobs[spec.state_key] = sequence(cached_state)
                 held = (spec.state_key,)
-            else:
+            elif not self.cuts_refused:
                 for end, digest in reversed(spec.boundaries):  # the longest first: one look-up a boundary
                     if (found := self.cache.acquire_prefix(digest)) is not None:
-                        held, blobs[digest] = (found[0],), found[1]
+                        held, source = (found[0],), found
+                        blobs[digest] = sequence(found[1])
+                        if isinstance(found[1], SavedState):
+                            blobs[checkpoint_key(digest)] = found[1].checkpoints[digest]
                         prefix = end
                         break
         if answered or held or plan is None:
             spec = replace(spec, state_cached=cached_state is not None, prefix=prefix, answered=frozenset(answered))
             plan = plan_job(spec, self.limits)
-        return Job(spec, plan, blobs, answered, keys, held=held)
+        return Job(spec, plan, blobs, answered, keys, held=held, source=source)
 
     def step(self, job: Job) -> bool:
         """Run the job's next step; False once every step has run. Only the thread that owns the context calls
@@ -143,7 +197,7 @@ class Runner:
                 self.abandon(job)
                 raise
             if isinstance(step, Save):
-                self.cache.put(step.key, job.outcome.saved.pop(step.key), prefixes=step.prefixes)
+                self._keep(job, step)
             elif isinstance(step, Decode):
                 job.decoded_tokens += step.tokens
             job.next += 1
@@ -152,21 +206,46 @@ class Runner:
             return False
         return True
 
+    def _keep(self, job: Job, step: Save) -> None:
+        """The state the job saved, into the cache: on a memory that needs checkpoints with the checkpoints it keeps
+        (taken by this job, or, below the prefix it restored, the ones the saved state it grew from had), serving
+        as a prefix at those boundaries only. A state grown from a saved state takes its place (``PrefixCache.put``:
+        where it restored one of that one's last two prefixes)."""
+        blob = job.outcome.saved.pop(step.key)
+        value: SavedState | Blob = blob
+        prefixes = step.prefixes
+        if self.limits.memory.checkpoints:
+            inherited = job.source[1].checkpoints if job.source and isinstance(job.source[1], SavedState) else {}
+            taken = job.outcome.checkpoints
+            checkpoints = {digest: found for digest in step.prefixes
+                           if (found := taken.get(checkpoint_key(digest), inherited.get(digest))) is not None}
+            value, prefixes = SavedState(blob, checkpoints), tuple(checkpoints)
+        grown_from = (job.source[0], job.spec.prefix_key) if job.source and job.spec.prefix_key else None
+        if not self.cache.put(step.key, value, prefixes=prefixes, grown_from=grown_from) \
+                and not self.cache.fits(value, step.key, prefixes):
+            self._too_large = min(self._too_large, step.tokens)
+
     def _restore_failed(self, job: Job, step) -> None:
-        """A cached state (or the state a prefix is restored from) that llama.cpp refuses is dropped and the job
-        decoded again from the head, once; the head itself, or a second refusal, fails the job (a plan that
-        restarts forever would never end)."""
-        if step.blob == HEAD_BLOB or job.restarts:
+        """A cached state, a prefix's saved state or checkpoint, or a cut after it, that llama.cpp refuses: the
+        saved state is dropped and the job decoded again from the head, once; the head itself, or a second refusal,
+        fails the job (a plan that restarts forever would never end). A refused cut means the model's memory is not
+        what its kind says: prefixes and stems are turned off for good (a stem's cut is the job's own)."""
+        if getattr(step, "blob", None) == HEAD_BLOB or job.restarts:
             self.abandon(job)
-            raise EngineError("llama.cpp refused the saved head" if step.blob == HEAD_BLOB
+            raise EngineError("llama.cpp refused the saved head" if getattr(step, "blob", None) == HEAD_BLOB
                               else "llama.cpp refused a saved sequence twice")
-        log.warning("a cached state could not be restored; decoding it again")
-        refused = job.held
+        spec = replace(job.spec, state_cached=False, prefix=0)
+        if isinstance(step, Cut):
+            log.warning("llama.cpp refused to cut a sequence back: prefixes and stems are off from now on")
+            self.cuts_refused = True
+            spec = replace(spec, stems=())
+        else:
+            log.warning("a cached state could not be restored; decoding it again")
+        refused = job.held if not isinstance(step, Cut) or step.seq == STATE_SEQ else ()
         self._release(job)
         for key in refused:
             self.cache.discard(key)
-        job.blobs.pop(step.blob, None)
-        job.restart(plan_job(replace(job.spec, state_cached=False, prefix=0), self.limits))
+        job.restart(plan_job(spec, self.limits))
 
     def abort(self) -> None:
         """Stop the ``llama_decode`` running now, or the next one (any thread): the job's deadline passed."""
@@ -214,7 +293,7 @@ class Runner:
         cached = plan.cached_tokens + sum(len(spec.prompts[i]) - spec.head for i in job.answered)
         stats = ScoreStats(resident_tokens=spec.head, shared_tokens=plan.shared_tokens, cached_tokens=cached,
                            own_tokens=plan.own_tokens, readout_tokens=plan.readout_tokens,
-                           prefill_s=outcome.prefill_s, readout_s=outcome.readout_s)
+                           prefill_s=outcome.prefill_s, readout_s=outcome.readout_s, memory_s=outcome.memory_s)
         return scores, stats
 
     # ---- the benchmarks' floor -----------------------------------------------------------------

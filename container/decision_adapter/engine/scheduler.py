@@ -58,8 +58,8 @@ SPEED_MEMORY = 0.8  # the weight the sums keep at each new job
 class JobRunner(Protocol):
     """What the scheduler needs of an engine: a lock held while stepping, what a job will decode given the cache,
     a job's start, steps, end and results, and a way to stop the decode in progress from another thread. A job
-    has ``plan`` (what it runs), ``tokens`` (what it decodes) and ``decoded_tokens`` (what it has decoded so far,
-    whole micro-batches of its plan in order)."""
+    has ``plan`` (what it runs), ``tokens`` (what it decodes), ``decoded_tokens`` (what it has decoded so far,
+    whole micro-batches of its plan in order) and ``compute_s`` (the seconds those decodes took)."""
 
     @property
     def lock(self) -> AbstractContextManager[Any]: ...
@@ -245,7 +245,7 @@ class Scheduler:
             raise DeadlineExceeded("no answer within the deadline") from None
         # It finished, too late for its caller: what it computed is still measured.
         raise DeadlineExceeded("the job finished after its deadline", decoded_tokens=stats.evaluated_tokens,
-                               compute_s=stats.prefill_s + stats.readout_s)
+                               compute_s=stats.compute_s)
 
     def cancel(self, ticket: Ticket) -> None:
         """Give a job up: out of the queue with its tokens released, or stopped inside its decode."""
@@ -369,7 +369,7 @@ class Scheduler:
                         self._measure(job, stepped - ticket.started)
                         ticket.future.set_exception(DeadlineExceeded(
                             "the job ran past its deadline", decoded_tokens=job.decoded_tokens,
-                            compute_s=stepped - ticket.started))
+                            compute_s=job.compute_s))
                         return
                 stepped = time.monotonic()
             result = engine.finish(job)
@@ -377,9 +377,9 @@ class Scheduler:
         except DecodeAborted:  # the engine dropped the job already
             if job is not None:
                 self._measure(job, stepped - ticket.started)
-            decoded = job.decoded_tokens if job is not None else 0
+            decoded, compute = (job.decoded_tokens, job.compute_s) if job is not None else (0, 0.0)
             ticket.future.set_exception(DeadlineExceeded("the job was stopped at its deadline", decoded_tokens=decoded,
-                                                         compute_s=stepped - ticket.started))
+                                                         compute_s=compute))
             return
         except Exception as exc:  # noqa: BLE001 - one job's failure must not stop the scheduler
             log.exception("a job failed in the engine")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from ..decisions.model import Answered, DecisionModel, DryRun, Prepared
+from ..decisions.model import Answered, DecisionModel, DryRun, Prepared, Question
 from ..errors import Failure
 from .fields import RequestContext
 
@@ -50,6 +50,11 @@ class Call:
     # Called as the prepared work is handed to the model: the request's parsing and checking are over (the server
     # gives back a large body's turn here).
     prepared_hook: Callable[[], None] = lambda: None
+
+    def prepare(self, questions: Sequence[Question]) -> Prepared:
+        """The questions prepared on the model, held to what a request may take here: the server's default orderings
+        shrink to what fits (``DecisionModel.prepare``)."""
+        return self.model.prepare(questions, allowed_s=self.budget.allowed_s)
 
     def score(self, prepared: Prepared) -> Answered:
         """Score ``prepared`` through the model's scheduler within the budget; raises what the model raises."""

@@ -22,6 +22,7 @@ from ..decisions.model import DryRun, Question, QuestionSource, Scored
 from ..decisions.prompt import state_text
 from ..errors import Failure, InputError, Loc
 from . import dry_run
+from .orderings import Orderings, answered_orderings
 from .call import Answer, Call
 from .fields import DEBIAS_DESCRIPTION, DebiasName, NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, \
     check_json, printable
@@ -74,7 +75,8 @@ class Option(StrictModel):
 
 
 class Decision(StrictModel):
-    id: NonEmptyName = Field(description="Caller-defined, echoed back; never shown to the model.")
+    id: NonEmptyName = Field(description="Caller-defined, echoed back; shown to the model only by a decision GGUF's "
+                                         "template (then checked for its control tokens).")
     state: State
     question: NonEmptyText
     options: Annotated[list[Option], BeforeValidator(_option_count), Field(min_length=2, max_length=MAX_OPTIONS)]
@@ -204,19 +206,19 @@ def answer(body: dict[str, Any], call: Call) -> Answer:
     """Answer a ``decision`` or ``decisions`` body (with ``x_dry_run``: what it would do). Raises InputError, or
     what ``call.score`` raises."""
     decisions, single, dry = parse_request(body, call.context)
-    prepared = call.model.prepare([d.question for d in decisions])
+    prepared = call.prepare([d.question for d in decisions])
     if dry:
         return dry_answer(decisions, call.dry_run(prepared), call)
     answered = call.score(prepared)
     stats = answered.stats
     results = [result(d, s, call.model.model_info) for d, s in zip(decisions, answered.results)]
     timing = {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
-              "total": time.perf_counter() - call.started, "cached_tokens": stats.cached_tokens,
-              "evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens}
+              "memory": stats.memory_s, "total": time.perf_counter() - call.started,
+              "cached_tokens": stats.cached_tokens, "evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens}
     log = {"decisions": len(decisions), "input_tokens": sum(s.input_tokens for s in answered.results),
            "queue_s": round(answered.queue_s, 6), "prefill_s": round(stats.prefill_s, 6),
-           "readout_s": round(stats.readout_s, 6), "compute_s": round(stats.prefill_s + stats.readout_s, 6),
-           "evaluated_tokens": stats.evaluated_tokens}
+           "readout_s": round(stats.readout_s, 6), "memory_s": round(stats.memory_s, 6),
+           "compute_s": round(stats.compute_s, 6), "evaluated_tokens": stats.evaluated_tokens}
     if answered.prior_stats:
         timing.update({"prior": answered.prior_s, "prior_tokens": answered.prior_tokens})
         log.update({"prior_s": round(answered.prior_s, 6), "prior_tokens": answered.prior_tokens})
@@ -259,8 +261,10 @@ def result(decision: Parsed, scored: Scored, model_info: dict[str, Any]) -> dict
         **({"temperature": scored.temperature} if scored.temperature is not None else {}),
         **({"debias": {**scored.debias, **({"prior": list(scored.prior)} if decision.question.show_prior else {})}}
            if scored.debias is not None else {}),
+        "orderings": answered_orderings(scored),
         "model": model_info,
     }
+
 
 
 # ---- Responses (the OpenAPI document describes them; tests check real responses against them) ----------------
@@ -307,6 +311,14 @@ class ModelInfo(Response):
                                                            "<question type>[.<bucket>], as used.")
     labels: int | None = Field(None, description="A decision GGUF's single-token labels on this vocabulary: the "
                                                  "most options it answers.")
+    memory: str | None = Field(None, description="What the model's memory is made of, which decides how a state is "
+                                                 "reused exactly: plain (attention over every position), "
+                                                 "sliding-window, hybrid (recurrent layers beside attention) or "
+                                                 "recurrent.")
+    window: int | None = Field(None, description="The sliding window's width in positions (0: none).")
+    reuse: dict[str, str] | None = Field(None, description="What each reuse does on this memory: a cached state "
+                                         "(states), a cached state's prefix (prefixes) and the orderings' shared "
+                                         "stem (stems).")
 
 
 class Calibration(Response):
@@ -338,6 +350,8 @@ class Timing(Response):
     queue: float
     prefill: float
     readout: float
+    memory: float | None = Field(None, description="Seconds moving saved memory (restoring cached states and "
+                                                   "checkpoints, saving, cutting back): no tokens computed.")
     total: float
     cached_tokens: int | None = Field(None, description="Tokens of the prompt taken from the state cache.")
     evaluated_tokens: int | None = Field(None, description="Tokens decoded for the request: the state, each "
@@ -375,6 +389,7 @@ class DecisionResult(Response):
                                                     "debiased; option_logits stay the model's own.")
     temperature: float | None = Field(None, description="A decision GGUF's temperature for this question (the file's "
                                                         "<type>[.<bucket>]), applied in its type's softmax.")
+    orderings: Orderings | None = None
 
 
 class TimedResult(DecisionResult):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..decisions.model import DryRun
 from ..errors import Failure
 from .call import Call
+from .orderings import Orderings
 
 DESCRIPTION = ("Answer what the request would do instead of scoring it: each question's rendered prompts and their "
                "tokens, the tokens the cache would serve and those the request would decode, admission's estimate "
@@ -73,7 +74,9 @@ def prompts(dry: DryRun, question: int, names: tuple[str, ...], detail: PromptDe
     """Question ``question``'s prompts, its options named by ``names`` (in the request's order), their details while
     ``detail`` lasts."""
     mine = dry.prompts[question]
+    fewer = dry.fewer[question] if dry.fewer else None
     return {"prompt_sha256": dry.digests[question], "input_tokens": sum(p.tokens for p in mine),
+            "orderings": {"averaged": len(mine), **({"fewer": fewer} if fewer else {})},
             "prompts": [detail.entry(p.text, p.tokens, [names[j] for j in p.order]) for p in mine]}
 
 
@@ -104,6 +107,8 @@ class DryPrompt(Closed):
 class DryQuestion(Closed):
     prompt_sha256: str = Field(description="What the answer's prompt_sha256 (x_prompt_sha256) will be.")
     input_tokens: int = Field(description="Its prompts' tokens: what the answer's input_tokens will be.")
+    orderings: Orderings = Field(description="The orderings it would average, and why fewer than the server's "
+                                             "default where they would be: the answer's orderings (x_orderings).")
     prompts: list[DryPrompt]
 
 

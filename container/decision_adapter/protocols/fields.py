@@ -24,6 +24,11 @@ from ..decisions.debias import MODES
 from ..decisions.model import DecisionModel
 
 SURROGATE = re.compile("[\ud800-\udfff]")
+# Unicode's noncharacters (U+FDD0..U+FDEF and the last two code points of every plane): reserved for a program's
+# internal use, never text to interchange; this adapter marks places in prompts with them (decisions.letter).
+NONCHARACTERS = "\ufdd0-\ufdef" + "".join(chr(plane << 16 | 0xFFFE) + chr(plane << 16 | 0xFFFF) for plane in range(17))
+# What no request string may hold: a lone surrogate (not text) or a noncharacter.
+NOT_TEXT = re.compile(f"[\ud800-\udfff{NONCHARACTERS}]")
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,12 @@ class RequestContext:
     control_tokens: re.Pattern[str] | None = None  # texts the model would parse as its control tokens
     max_decisions: int = 64
     served_id: str = ""
+    names_shown: bool = False  # ids are rendered into the prompt (a decision GGUF's template is given them)
 
     @classmethod
     def of(cls, model: DecisionModel, max_decisions: int) -> "RequestContext":
-        return cls(control_tokens=model.control_tokens, max_decisions=max_decisions, served_id=model.served_id)
+        return cls(control_tokens=model.control_tokens, max_decisions=max_decisions, served_id=model.served_id,
+                   names_shown=model.letter is not None)
 
 
 class StrictModel(BaseModel):
@@ -66,11 +73,16 @@ def printable(text: str) -> str:
 
 
 def string_problem(text: str, context: Any, *, shown: bool) -> PydanticCustomError | None:
-    """Why ``text`` cannot be taken, or None: a lone surrogate, or (if the model reads it) a control token."""
-    if found := SURROGATE.search(text):
+    """Why ``text`` cannot be taken, or None: a lone surrogate, a noncharacter, or (if the model reads it) a control
+    token."""
+    if found := NOT_TEXT.search(text):
+        if SURROGATE.match(found.group()):
+            return PydanticCustomError(
+                "string_surrogate", "holds a lone surrogate {code}, which is not text (send UTF-8 or a surrogate pair)",
+                {"code": f"\\u{ord(found.group()):04x}"})
         return PydanticCustomError(
-            "string_surrogate", "holds a lone surrogate {code}, which is not text (send UTF-8 or a surrogate pair)",
-            {"code": f"\\u{ord(found.group()):04x}"})
+            "string_noncharacter", "holds the noncharacter {code}, which Unicode reserves for a program's own use: "
+            "it is not text", {"code": f"U+{ord(found.group()):04X}"})
     control = getattr(context, "control_tokens", None)
     if shown and control is not None and (found := control.search(text)):
         return PydanticCustomError("control_token", "{problem}",
@@ -85,9 +97,15 @@ def _readable(value: str, info: ValidationInfo) -> str:
 
 
 def _echoable(value: str, info: ValidationInfo) -> str:
-    if problem := string_problem(value, info.context, shown=False):
+    if problem := string_problem(value, info.context, shown=names_shown(info.context)):
         raise problem
     return value
+
+
+def names_shown(context: Any) -> bool:
+    """Whether the model reads the request's ids (a decision GGUF's template renders them): then they are text it
+    reads, checked for its control tokens like any other."""
+    return bool(getattr(context, "names_shown", False))
 
 
 def _non_empty(value: Any) -> Any:
@@ -105,14 +123,15 @@ def check_json(value: Any, info: ValidationInfo) -> Any:
 
 
 def json_problem(value: Any, context: Any) -> InitErrorDetails | None:
-    """The first key, string or number of ``value`` that cannot be taken (a lone surrogate, the model's control
-    token, a number that is not finite), in document order and located from ``value``; None if there is none.
+    """The first key, string or number of ``value`` that cannot be taken (a lone surrogate, a noncharacter, the
+    model's control token, a number that is not finite), in document order and located from ``value``; None if
+    there is none.
 
     Two walks, both iterative: ``_clean`` checks the value with the work per item in C (``map`` and ``filter``
     over each large container), keeping one reference per container still to check; only when it finds
     something does ``_first_problem`` walk item by item, with one iterator per level of nesting (at most
     ``bodies.MAX_DEPTH``), to say where. Neither keeps anything else per item."""
-    searches = [SURROGATE.search]
+    searches = [NOT_TEXT.search]
     control = getattr(context, "control_tokens", None)
     if control is not None:
         searches.append(control.search)
@@ -205,7 +224,8 @@ Text = Annotated[str, AfterValidator(_readable)]
 # Text the model reads that must say something.
 NonEmptyText = Annotated[str, BeforeValidator(_non_empty), AfterValidator(_readable),
                          Field(min_length=1, pattern=r"\S")]
-# A caller's name that is echoed back but never shown to the model (a decision id, a question id).
+# A caller's name that is echoed back (a decision id, a question id): shown to the model only by a decision GGUF's
+# template, and checked for its control tokens then.
 NonEmptyName = Annotated[str, BeforeValidator(_non_empty), AfterValidator(_echoable),
                          Field(min_length=1, pattern=r"\S")]
 

@@ -55,6 +55,10 @@ class Ping(ds.Response):
     rules: str | None = Field(None, description="Once loaded: whose rules answer it (this adapter's, or llama-server's "
                                                 "for the decision GGUF's type).")
     decision_type: str | None = Field(None, description="Once loaded: a decision GGUF's type (lev, openjev).")
+    memory: str | None = Field(None, description="Once loaded: what the model's memory is made of (plain, "
+                                                 "sliding-window, hybrid, recurrent), as in a result's model.")
+    reuse: dict[str, str] | None = Field(None, description="Once loaded: what each reuse (states, prefixes, stems) does "
+                                         "on that memory, as in a result's model.")
 
 
 def _batch_line() -> dict[str, Any]:

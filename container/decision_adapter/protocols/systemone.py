@@ -24,8 +24,10 @@ from ..decisions.model import DryRun, Question, QuestionSource, Scored
 from ..decisions.prompt import DEFAULT_INSTRUCTIONS, NOUL_OPTIONS, json_text, state_text
 from ..errors import Failure, InputError, Loc
 from . import dry_run
+from .orderings import Orderings, answered_orderings
 from .call import Answer, Call
-from .fields import DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, printable, string_problem
+from .fields import (DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, names_shown, printable,
+                     string_problem)
 
 ALIAS = "jev-latest"
 MAX_SCORE_LEVELS = 10
@@ -64,7 +66,7 @@ def _question_id(value: Any, info: ValidationInfo) -> Any:
     if isinstance(value, str):
         if not value:
             raise PydanticCustomError("string_too_short", "Question ids must be non-empty strings")
-        if problem := string_problem(value, info.context, shown=False):
+        if problem := string_problem(value, info.context, shown=names_shown(info.context)):
             raise problem
     return value
 
@@ -256,7 +258,7 @@ def answer_request(body: Any, call: Call) -> Answer:
     """Answer one System One body (with ``x_dry_run``: what it would do). Raises ValidationError or InputError
     (invalid, 422), or what ``call.score`` raises."""
     items, dry = parse_request(body, call.context)
-    prepared = call.model.prepare([item.question for item in items])
+    prepared = call.prepare([item.question for item in items])
     if dry:
         return dry_answer(items, call.dry_run(prepared), call)
     answered = call.score(prepared)
@@ -270,11 +272,12 @@ def answer_request(body: Any, call: Call) -> Answer:
         "x_evaluated_tokens": stats.evaluated_tokens + answered.prior_tokens,  # label paths included
         "x_cached_tokens": stats.cached_tokens,
         "x_timing": {"queue": answered.queue_s, "prefill": stats.prefill_s, "readout": stats.readout_s,
-                     "total": time.perf_counter() - call.started},
+                     "memory": stats.memory_s, "total": time.perf_counter() - call.started},
     }
     log = {"questions": len(items), "input_tokens": input_tokens, "queue_s": round(answered.queue_s, 6),
            "prefill_s": round(stats.prefill_s, 6), "readout_s": round(stats.readout_s, 6),
-           "compute_s": round(stats.prefill_s + stats.readout_s, 6), "evaluated_tokens": stats.evaluated_tokens}
+           "memory_s": round(stats.memory_s, 6), "compute_s": round(stats.compute_s, 6),
+           "evaluated_tokens": stats.evaluated_tokens}
     if answered.prior_stats:
         payload["x_timing"]["prior"] = answered.prior_s
         payload["x_prior_tokens"] = answered.prior_tokens
@@ -333,6 +336,7 @@ def answer(item: Item, scored: Scored) -> dict[str, Any]:
     if scored.temperature is not None:
         out["x_temperature"] = scored.temperature
     out["x_label_mass"] = scored.label_mass
+    out["x_orderings"] = answered_orderings(scored)
     if scored.calibration is not None:
         out["x_calibration"] = scored.calibration
     if scored.debias is not None:
@@ -429,6 +433,7 @@ class Extensions(Response):
     x_debias: DebiasApplied | None = Field(None, description="The content-free calibration applied, if any.")
     x_temperature: float | None = Field(None, description="A decision GGUF's temperature for this question (the "
                                                           "file's <type>[.<bucket>]).")
+    x_orderings: Orderings | None = None
 
 
 class NoulAnswer(Extensions):
@@ -460,6 +465,8 @@ class SystemOneTiming(Response):
     queue: float
     prefill: float
     readout: float
+    memory: float | None = Field(None, description="Seconds moving saved memory (restoring cached states and "
+                                                   "checkpoints, saving, cutting back): no tokens computed.")
     total: float
     prior: float | None = Field(None, description="Seconds spent scoring the priors of debiased answers (0 when "
                                                   "they came from the cache).")

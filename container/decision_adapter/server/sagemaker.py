@@ -44,9 +44,10 @@ def ping() -> Response:
         return json_response({"status": "draining", "detail": "the server is shutting down"}, 503)
     body = {"status": readiness.state, "detail": readiness.reason,
             "admitted": state.admission.admitted, "capacity": state.admission.capacity}
-    if readiness.model is not None:  # the CPU kernels the model runs on (engine/backends.py), and its kind and rules
-        info = readiness.model.model_info
-        body.update({key: info[key] for key in (*KERNEL_KEYS, "kind", "rules", "decision_type") if key in info})
+    if readiness.model is not None:  # the CPU kernels the model runs on (engine/backends.py), its kind and rules, and
+        info = readiness.model.model_info  # what its memory is made of and the reuse that applies (engine/memory_kind.py)
+        body.update({key: info[key] for key in (*KERNEL_KEYS, "kind", "rules", "decision_type", "memory", "reuse")
+                     if key in info})
     return json_response(body, 200 if readiness.state == "ready" else 503)
 
 
