@@ -73,10 +73,19 @@ run:
 	PORT=$(PORT) $(PY) -m decision_adapter.server.local
 
 # The benchmark harness's generation baseline, llama-server, is built by the test session itself, in the background
-# at the lowest priority (tests/conftest.py): the suite leaves about half of two cores idle, and the build fills it.
+# at the lowest priority (tests/conftest.py). The suite runs on TEST_WORKERS xdist workers: the tests that start
+# llama.cpp all on one of them, one at a time, the rest beside it (tests/conftest.py); OpenMP's waits sleep rather
+# than spin, so llama.cpp leaves the other core to them. It prints its time, setup and tests apart
+# (docs/benchmarks.md, "The test suite's time", records it per folder: python -m benchmarks.suite_time).
+TEST_WORKERS ?= 2
 test:
-	@$(MAKE) --no-print-directory -j2 $(VENV)/.dev node_modules/.installed
-	$(PY) -m pytest -q tests
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory -j2 $(VENV)/.dev node_modules/.installed || exit $$?; \
+	ready=$$(date +%s); \
+	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests; status=$$?; \
+	end=$$(date +%s); \
+	echo "make test: $$((end - start)) s ($$((ready - start)) s setup, $$((end - ready)) s tests) on $$(nproc) cores"; \
+	exit $$status
 
 # 10,000 requests (schemathesis from /openapi.json, and byte-level mutations) against `serve` on loopback.
 FUZZ_CASES ?= 10000

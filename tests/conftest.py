@@ -10,6 +10,13 @@ test: 30 s alone, 61 s beside the build in its own session, 29 s beside it in th
 harness asks benchmarks/build-llama-server.sh for the binary as it always does; the script holds a lock per build,
 so that call waits for this build and then finds the binary. A session that ends first stops the build (a
 partial build is discarded; the next session starts it again).
+
+Parallel where it is safe (``make test`` runs ``pytest -n 2 --dist loadgroup``): every test that starts llama.cpp
+(in-process or as a server) is in one xdist group, so one worker runs them all, one after another; the other tests
+(the CDK app, the deploy tooling, the clients, the packaging) run beside them on the other worker. Two llama.cpp
+processes at once would slow each other about 30x (OpenMP's spinning wait; ``make test`` also sets
+``OMP_WAIT_POLICY=passive`` so the one llama.cpp worker leaves the other core to the rest). Without xdist the
+group marks change nothing.
 """
 
 from __future__ import annotations
@@ -24,11 +31,54 @@ BUILD = Path(__file__).resolve().parents[1] / "benchmarks" / "build-llama-server
 _build: subprocess.Popen | None = None
 
 
-def pytest_collection_finish(session) -> None:
-    global _build
-    harness = any(Path(str(item.fspath)).parent.name == "benchmarks" for item in session.items)
-    if not harness or session.config.option.collectonly:
+# The tests that start llama.cpp: whole folders, and the files elsewhere that load the model.
+LLAMA_FOLDERS = ("adapter", "benchmarks")
+LLAMA_FILES = ("deploy/test_log_contract.py", "model_build/test_model_build_adapter.py")
+TESTS = Path(__file__).resolve().parent
+
+
+def starts_llama(path: Path) -> bool:
+    relative = path.resolve().relative_to(TESTS)
+    return relative.parts[0] in LLAMA_FOLDERS or relative.as_posix() in LLAMA_FILES
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
         return
+    import pytest
+
+    for item in items:
+        if starts_llama(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.xdist_group("llama.cpp"))
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session) -> None:
+    """Under xdist the workers collect; the controller starts the build once, where the run holds the harness."""
+    config = session.config
+    if _is_worker(config) or getattr(config.option, "numprocesses", None) in (None, 0) or config.option.collectonly:
+        return
+    folders = [Path(a.split("::")[0]).resolve() for a in config.args] or [TESTS]
+    harness = TESTS / "benchmarks"
+    if any(harness == f or harness.is_relative_to(f) or f.is_relative_to(harness) for f in folders):
+        _start_build()
+
+
+def pytest_collection_finish(session) -> None:
+    config = session.config
+    if _is_worker(config) or getattr(config.option, "numprocesses", None) not in (None, 0):
+        return  # under xdist the controller started it (pytest_sessionstart)
+    harness = any(Path(str(item.fspath)).parent.name == "benchmarks" for item in session.items)
+    if not harness or config.option.collectonly:
+        return
+    _start_build()
+
+
+def _start_build() -> None:
+    global _build
     path = subprocess.run([str(BUILD), "--path"], capture_output=True, text=True, check=True).stdout.strip()
     if os.access(path, os.X_OK):
         return

@@ -258,3 +258,31 @@ def test_accuracy_tool_compares_styles_debias_orders_and_calibration_on_the_real
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no default chosen" in done.stdout
     assert not {"chosen", "cost", "rule_out_of_fold"} & set(json.loads((untimed / "accuracy.json").read_text()))
+
+
+# ---- the test suite's time ---------------------------------------------------------------------
+
+
+def test_the_suite_time_sums_each_folder_and_file_from_a_junit_report(tmp_path):
+    from benchmarks.suite_time import cases, markdown as suite_markdown, summary
+
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.cdk.test_cdk_nag" name="test_a" time="2.5"/>'
+        '<testcase classname="tests.cdk.test_cdk_nag" name="test_b" time="1.5"><skipped/></testcase>'
+        '<testcase classname="tests.adapter.test_adapter_prefix.TestGroup" name="test_c" time="10.0">'
+        '<failure message="no"/></testcase>'
+        '<testcase classname="tests.test_docs_links" name="test_d" time="0.25"/>'
+        '</testsuite></testsuites>')
+    found = cases(report)
+    assert [c["file"] for c in found] == ["tests/cdk/test_cdk_nag.py"] * 2 + [
+        "tests/adapter/test_adapter_prefix.py", "tests/test_docs_links.py"]
+    result = summary(found)
+    assert result["outcomes"] == {"passed": 2, "skipped": 1, "failed": 1}
+    assert result["folders"] == [{"path": "tests/adapter", "tests": 1, "seconds": 10.0},
+                                 {"path": "tests/cdk", "tests": 2, "seconds": 4.0},
+                                 {"path": "tests/test_docs_links.py", "tests": 1, "seconds": 0.2}]
+    assert result["slowest"][0] == {"test": "tests/adapter/test_adapter_prefix.py::test_c", "seconds": 10.0}
+    text = suite_markdown({"command": "python -m benchmarks.suite_time", "wall_s": 12.0, "summary": result})
+    assert "| tests/cdk | 2 | 4 |" in text and "wall time 12 s" in text
