@@ -53,7 +53,8 @@ def test_walkthrough_example_returns_probabilities_with_full_metadata(client, ap
     assert math.isclose(sum(result["probabilities"]), 1.0, abs_tol=1e-9)
     softmax = [math.exp(x) for x in result["option_logits"]]
     assert [s / sum(softmax) for s in softmax] == pytest.approx(result["probabilities"], abs=1e-9)
-    assert set(result["timing"]) == {"queue", "prefill", "readout", "total", "cached_tokens", "evaluated_tokens"}
+    assert set(result["timing"]) == {"queue", "prefill", "memory", "readout", "total", "cached_tokens",
+                                     "evaluated_tokens"}
     assert result["timing"]["cached_tokens"] == 0
     assert 0.0 < result["label_mass"] <= 1.0 and isinstance(result["top_token_is_label"], bool)
     assert result["timing"]["total"] >= result["timing"]["prefill"] > 0

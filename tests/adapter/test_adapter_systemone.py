@@ -59,8 +59,9 @@ def test_each_question_type_answers_in_the_system_one_shape(client):
     assert score["confidence"] == pytest.approx(score_confidence(p))
     for answer in answers.values():
         assert set(answer) - {"type", "noul", "choice", "score", "legend", "probabilities", "confidence"} == \
-            {"x_prompt_sha256", "x_label_mass"}
+            {"x_prompt_sha256", "x_label_mass", "x_orderings"}
         assert 0.0 < answer["x_label_mass"] <= 1.0
+        assert answer["x_orderings"]["averaged"] >= 1 and answer["x_orderings"].get("fewer") is None
 
 
 def test_an_answer_does_not_depend_on_the_other_questions_their_order_or_ids(client):

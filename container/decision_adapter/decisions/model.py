@@ -180,8 +180,14 @@ class DecisionModel:
             self._prompt_text = self.letter.text
             self.max_options = self.letter.max_options
         engine.keep_resident(self.preparer.head_tokens)
-        self.model_info = {**identity.as_dict(), **runtime, "prompt_version": self.prompt_version, **self.kind_info}
+        self._model_info = {**identity.as_dict(), **runtime, "prompt_version": self.prompt_version, **self.kind_info}
         self.text_bytes_per_token: float | None = None  # measured by the start-up probe
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        """What every answer and /ping say of the model; its memory's reuse read now (a refused cut turns
+        prefixes and stems off while the server runs)."""
+        return {**self._model_info, **self.engine.memory_info}
 
     @property
     def prompt_ceiling(self) -> int:
@@ -228,13 +234,20 @@ class DecisionModel:
         None: not checked here). The server's default number of orderings is a preference: where it would take the
         request over its token budget or that time, the questions that did not ask for a number get the largest
         that fits (at least 1), and ``Prepared.fewer`` says why (``_fewer_orderings``); a request's own number that
-        does not fit is refused, naming the largest that would."""
+        does not fit the token budget is refused, naming the largest that would. Time only chooses the default's
+        number here: work too slow with one ordering each, or with the request's own numbers, is admission's
+        refusal (``score``'s 4xx, and what a dry run reports), never this one's."""
+        sizing = allowed_s if self._default_applies(questions) else None
         try:
-            return self._fitting(questions, allowed_s)
+            return self._fitting(questions, sizing)
         except InputError as exc:
             if exc.kind not in ORDERINGS_MATTER:
                 raise
-            return self._fewer_orderings(questions, allowed_s, exc)
+            return self._fewer_orderings(questions, sizing, exc)
+
+    def _default_applies(self, questions: Sequence[Question]) -> bool:
+        """Whether the server's default number of orderings, more than one, applies to one of ``questions``."""
+        return self.default_permutations > 1 and any(q.permutations is None for q in questions)
 
     def _fitting(self, questions: Sequence[Question], allowed_s: float | None) -> Prepared:
         """The questions prepared, and their work within ``allowed_s`` by admission's cost model (the ``TooLarge``
@@ -255,9 +268,10 @@ class DecisionModel:
         that asked for its own number keeps it. Where even one ordering each does not fit and a question asked for
         more than one, the request is refused naming the largest number that would fit; else ``refused`` stands."""
         default = self.default_permutations
-        if default > 1 and any(q.permutations is None for q in questions):
+        if self._default_applies(questions):  # one ordering each is held to the token budget alone (``prepare``)
             found = largest_fitting(default - 1, lambda k: self._fitting(
-                [q if q.permutations is not None else replace(q, permutations=k) for q in questions], allowed_s))
+                [q if q.permutations is not None else replace(q, permutations=k) for q in questions],
+                allowed_s if k > 1 else None))
             if found is not None:
                 k, prepared = found
 
@@ -270,7 +284,7 @@ class DecisionModel:
         asked = max((q.permutations or 1 for q in questions), default=1)
         if asked > 1:
             found = largest_fitting(asked - 1, lambda k: self._fitting(
-                [replace(q, permutations=min(k, q.permutations or 1)) for q in questions], allowed_s))
+                [replace(q, permutations=min(k, q.permutations or 1)) for q in questions], None))
             fits = (f"at most {found[0]} orderings would fit" if found is not None
                     else "not even one ordering would fit")
             raise InputError(refused.loc, f"{refused.msg}, with the {asked} orderings the request asks for "

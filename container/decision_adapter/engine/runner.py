@@ -22,8 +22,8 @@ from .executor import Executor, Outcome
 from .llama_model import LlamaModel
 from .memory import Blob, Memory
 from .outlook import foreseen_plan
-from .plan import (HEAD_BLOB, STATE_SEQ, BlobKey, Chunk, Cut, Decode, JobSpec, Limits, Plan, Read, Save,
-                   checkpoint_key, chunked, plan_job)
+from .plan import (HEAD_BLOB, STATE_SEQ, BlobKey, Cut, Decode, JobSpec, Limits, Plan, Read, Save,
+                   aligned, checkpoint_key, chunked, plan_job)
 from .readout import PromptScore, ScoreStats, common_prefix, prompt_score
 
 log = logging.getLogger(__name__)
@@ -120,13 +120,17 @@ class Runner:
                     second = first[:stem] + tuple(range(300, 300 + length - stem))
                     read = Read(0, (), (0,))
                     whole: dict = {}
+                    size = self.limits.batch_tokens  # micro-batches as a request's plan lays them out
                     self._memory.reset()
-                    self._executor.decode(Decode((Chunk(STATE_SEQ, 0, second, read),)), whole)
+                    for step in aligned(STATE_SEQ, second, 0, length, 0, size, read):
+                        self._executor.decode(step, whole)
                     rest: dict = {}
                     self._memory.reset()
-                    self._executor.decode(Decode((Chunk(STATE_SEQ, 0, first, None),)), rest)
+                    for step in aligned(STATE_SEQ, first, 0, length, 0, size, None):
+                        self._executor.decode(step, rest)
                     self._memory.cut(STATE_SEQ, stem)
-                    self._executor.decode(Decode((Chunk(STATE_SEQ, stem, second[stem:], read),)), rest)
+                    for step in aligned(STATE_SEQ, second, stem, length, 0, size, read):
+                        self._executor.decode(step, rest)
                     if whole[0, ()] != rest[0, ()]:
                         log.info("a stem's rest does not give the bits of the prompt decoded whole on these kernels: "
                                  "orderings do not share their stem")
