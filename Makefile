@@ -82,7 +82,7 @@ test:
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory -j2 $(VENV)/.dev node_modules/.installed || exit $$?; \
 	ready=$$(date +%s); \
-	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests; status=$$?; \
+	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n $(TEST_WORKERS) tests; status=$$?; \
 	end=$$(date +%s); \
 	echo "make test: $$((end - start)) s ($$((ready - start)) s setup, $$((end - ready)) s tests) on $$(nproc) cores"; \
 	exit $$status

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             report = args.junit
         else:
             report = Path(tempfile.mkdtemp()) / "suite.xml"
-            command = [sys.executable, "-m", "pytest", "-q", "-n", str(args.workers), "--dist", "loadgroup",
+            command = [sys.executable, "-m", "pytest", "-q", "-n", str(args.workers),
                        f"--junitxml={report}", "tests"]
             started = time.monotonic()
             status = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_WAIT_POLICY": "passive"}).returncode

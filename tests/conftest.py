@@ -11,12 +11,11 @@ harness asks benchmarks/build-llama-server.sh for the binary as it always does; 
 so that call waits for this build and then finds the binary. A session that ends first stops the build (a
 partial build is discarded; the next session starts it again).
 
-Parallel where it is safe (``make test`` runs ``pytest -n 2 --dist loadgroup``): every test that starts llama.cpp
-(in-process or as a server) is in one xdist group, so one worker runs them all, one after another; the other tests
+Parallel where it is safe (``make test`` runs ``pytest -n 2``): every test that starts llama.cpp (in-process or as
+a server) is in one xdist scope, so one worker runs them all, one after another; the other tests
 (the CDK app, the deploy tooling, the clients, the packaging) run beside them on the other worker. Two llama.cpp
 processes at once would slow each other about 30x (OpenMP's spinning wait; ``make test`` also sets
-``OMP_WAIT_POLICY=passive`` so the one llama.cpp worker leaves the other core to the rest). Without xdist the
-group marks change nothing.
+``OMP_WAIT_POLICY=passive`` so the one llama.cpp worker leaves the other core to the rest).
 """
 
 from __future__ import annotations
@@ -38,18 +37,23 @@ TESTS = Path(__file__).resolve().parent
 
 
 def starts_llama(path: Path) -> bool:
+    if not path.resolve().is_relative_to(TESTS):
+        return False
     relative = path.resolve().relative_to(TESTS)
     return relative.parts[0] in LLAMA_FOLDERS or relative.as_posix() in LLAMA_FILES
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    import pytest
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's own scopes, but one scope for every test that starts llama.cpp: one worker runs them all, one at a
+    time, and the others share the rest test by test. (xdist's loadgroup marks do the same through the test ids,
+    which pytest 9 no longer lets a plugin rename; the scheduler's hook is xdist's documented way.)"""
+    from xdist.scheduler import LoadScopeScheduling
 
-    for item in items:
-        if starts_llama(Path(str(item.fspath))):
-            item.add_marker(pytest.mark.xdist_group("llama.cpp"))
+    class OneLlamaWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "llama.cpp" if starts_llama(TESTS.parent / nodeid.split("::", 1)[0]) else nodeid
+
+    return OneLlamaWorker(config, log)
 
 
 def _is_worker(config) -> bool:
