@@ -76,13 +76,15 @@ run:
 # at the lowest priority (tests/conftest.py). The suite runs on TEST_WORKERS xdist workers: the tests that start
 # llama.cpp all on one of them, one at a time, the rest beside it (tests/conftest.py); OpenMP's waits sleep rather
 # than spin, so llama.cpp leaves the other core to them. It prints its time, setup and tests apart
-# (docs/benchmarks.md, "The test suite's time", records it per folder: python -m benchmarks.suite_time).
+# (docs/benchmarks.md, "The test suite's time", records it per folder: python -m benchmarks.suite_time, or
+# --junit with the report of `make test TEST_ARGS=--junitxml=report.xml`).
 TEST_WORKERS ?= 2
+TEST_ARGS ?=
 test:
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory -j2 $(VENV)/.dev node_modules/.installed || exit $$?; \
 	ready=$$(date +%s); \
-	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n $(TEST_WORKERS) tests; status=$$?; \
+	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -n $(TEST_WORKERS) $(TEST_ARGS) tests; status=$$?; \
 	end=$$(date +%s); \
 	echo "make test: $$((end - start)) s ($$((ready - start)) s setup, $$((end - ready)) s tests) on $$(nproc) cores"; \
 	exit $$status
