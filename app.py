@@ -18,10 +18,6 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-# jsii's Node.js runtime, started by the first aws_cdk import, prints an end-of-life banner on Node 20; the app
-# runs fine there, so keep `npx cdk` output readable (the Makefile exports the same).
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
 import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 

@@ -51,7 +51,7 @@ from urllib.parse import unquote
 
 import boto3
 
-from deploy import emulator, iam_simulation
+from deploy import emulator, iam_simulation, node
 from deploy.pins import image_digest, image_manifest, pinned_cdk_json
 from endpoint_client.deployment import SERVING, Served, served_by
 from stacks.config import execution_role_name
@@ -178,8 +178,8 @@ class Rehearsal:
         environment.update(AWS_ENDPOINT_URL=self.url, AWS_ACCESS_KEY_ID="rehearsal",
                            AWS_SECRET_ACCESS_KEY="rehearsal", AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION,
                            AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull,
-                           AWS_SHARED_CREDENTIALS_FILE=os.devnull, JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
-        return environment
+                           AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+        return node.environment(environment)
 
     def write_app(self, generation: int) -> None:
         """The app as a user has it: the same files, cdk.json pinned (image build ``generation``) and located."""
