@@ -545,6 +545,45 @@ def execution_role_name(name_prefix: str, kind: str) -> str:
     return f"{name_prefix}-{kind.replace('_', '-')}-execution"
 
 
+_SUBNET_ID = re.compile(r"^subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_SECURITY_GROUP_ID = re.compile(r"^sg-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+# SageMaker's VpcConfig: 1 to 16 subnets, 1 to 5 security groups.
+MAX_SUBNETS, MAX_SECURITY_GROUPS = 16, 5
+# Fewer subnets than this are allowed, with a synth warning: SageMaker spreads an endpoint's instances over the
+# subnets' Availability Zones, so one subnet puts them all in one zone (docs/deploy.md, "VPC").
+RECOMMENDED_SUBNETS = 2
+
+
+class VpcSettings(_Settings):
+    """``vpc``: the subnets and security groups every Model of the environment runs in (its VpcConfig), for an
+    account whose endpoints must not leave its own network. The execution roles get what SageMaker's elastic network
+    interfaces need in exactly these subnets (stacks/endpoint_stack.py). The VPC endpoints a subnet without internet
+    access needs (S3, ECR, CloudWatch Logs, STS) are the account's own: docs/deploy.md, "VPC", lists them."""
+    subnet_ids: Annotated[tuple[Text(_SUBNET_ID, "a subnet id (subnet-<8 or 17 hex>)"), ...], BeforeValidator(
+        _list_of(1, MAX_SUBNETS, f"a list of 1 to {MAX_SUBNETS} subnet ids ({RECOMMENDED_SUBNETS} or more, in "
+                 f"different Availability Zones, recommended)"))]
+    # Required with subnet_ids; the default only lets its absence be reported in words of its own (below).
+    security_group_ids: Annotated[tuple[Text(_SECURITY_GROUP_ID, "a security group id (sg-<8 or 17 hex>)"), ...],
+                                  BeforeValidator(_list_of(0, MAX_SECURITY_GROUPS,
+                                                           f"a list of 1 to {MAX_SECURITY_GROUPS} security group "
+                                                           f"ids"))] = ()
+
+    @model_validator(mode="after")
+    def _placed_whole(self):
+        problems = _repeats("subnet_ids", self.subnet_ids, lambda subnet, first: f"{subnet!r} is already subnet "
+                                                                               f"{first + 1}")
+        problems += _repeats("security_group_ids", self.security_group_ids,
+                             lambda group, first: f"{group!r} is already security group {first + 1}")
+        if not self.security_group_ids:
+            problems.append((("security_group_ids",), f"is required with {{key:subnet_ids}}: SageMaker attaches 1 "
+                             f"to {MAX_SECURITY_GROUPS} security groups to the network interfaces it creates in "
+                             f"those subnets (their rules must allow HTTPS to the VPC endpoints of S3, ECR, "
+                             f"CloudWatch Logs and STS; docs/deploy.md, VPC)", None))
+        if problems:
+            raise _field_problems(type(self).__name__, problems)
+        return self
+
+
 class ArtifactSource(_Settings):
     """The environment named by ``artifacts_from``, as far as its consumer needs it (read by load_environment)."""
     name: str
@@ -613,6 +652,9 @@ class EnvironmentConfig(_Settings):
     monitoring: MonitoringSettings = MonitoringSettings()
     review: ReviewSettings
     bootstrap: BootstrapSettings = BootstrapSettings()
+    # null: the endpoints run in SageMaker's own network (the default); else the subnets and security groups of
+    # every Model (VpcConfig).
+    vpc: VpcSettings | None = None
     # SageMaker's one log group for every transform job of the account and region, /aws/sagemaker/TransformJobs:
     # created (with retention and the logs key) by this environment's artifacts stack, or (false) left to another
     # environment of the same account and region. Unset: as create_oidc_provider, per account and region.

@@ -81,6 +81,11 @@ class SageMakerEndpoint(Construct):
             enable_network_isolation=True,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
                 image=image_uri, model_data_url=model_data_url, environment=spec.environment),
+            # cdk.json's vpc: SageMaker places the instances' network interfaces in these subnets with these
+            # security groups, and pulls the image and the archive through them (the execution role may manage
+            # interfaces there: stacks/endpoint_stack.py).
+            vpc_config=None if spec.vpc is None else sagemaker.CfnModel.VpcConfigProperty(
+                subnets=list(spec.vpc.subnet_ids), security_group_ids=list(spec.vpc.security_group_ids)),
             tags=cfn_tags,
         )
         # CreateModel checks that the role can read the image and the archive: its policy must exist first.

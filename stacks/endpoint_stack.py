@@ -28,7 +28,7 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.artifacts_stack import ArtifactsStack
-from stacks.config import BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, TRANSFORM_LOG_GROUP
+from stacks.config import BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, RECOMMENDED_SUBNETS, TRANSFORM_LOG_GROUP
 from stacks.endpoint import SageMakerEndpoint
 from stacks.endpoint_specs import INSTANCE_NAMESPACE, TRANSFORM_INSTANCE_NAMESPACE, EndpointSpec
 
@@ -53,6 +53,12 @@ class EndpointStack(cdk.Stack):
                 f"Auto scaling of the {spec.kind} endpoint is detached ({spec.settings_key}.autoscaling is false): its "
                 f"fleet stays at the instance count it has. Set it back to true once the instance type or pool "
                 f"change is deployed (docs/deploy.md, Change the instance type or the pools).")
+        if spec.deployable and spec.vpc is not None and len(spec.vpc.subnet_ids) < RECOMMENDED_SUBNETS:
+            cdk.Annotations.of(self).add_warning_v2(
+                f"decision-models:one-subnet-{spec.kind}",
+                f"The {spec.kind} endpoint's instances all run in one Availability Zone: vpc.subnet_ids names one "
+                f"subnet. Name {RECOMMENDED_SUBNETS} or more, in different zones, so that an endpoint of 2 or more "
+                f"instances survives a zone's outage (docs/deploy.md, VPC).")
         if not spec.deployable:
             # A template needs one resource. This one does nothing and costs nothing; it keeps the stack
             # deployable (and diffable) until the endpoint is listed and pinned.
@@ -84,6 +90,8 @@ class EndpointStack(cdk.Stack):
                         + " and ".join(namespaces) + ")"]
         if spec.serves_batch_transform:
             self._grant_batch_transform(role)
+        if spec.vpc is not None:
+            acknowledged.append(self._grant_network_interfaces(role))
         nag.acknowledge(role, "AwsSolutions-IAM5[Resource::*]",
                         f"{' and '.join(acknowledged)} have no resource-level permissions; the services require "
                         "Resource '*'. Image pulls are limited to the pinned image's repository.")
@@ -112,6 +120,36 @@ class EndpointStack(cdk.Stack):
         if spec.serves_batch_transform:
             cdk.CfnOutput(self, "TransformInstanceType", value=spec.variant.instance_types[0],
                           description="python -m endpoint_client transform uses it unless --instance-type is given")
+
+    def _grant_network_interfaces(self, role: iam.Role) -> str:
+        """What SageMaker does with the role to place the instances in cdk.json's subnets (the Model's VpcConfig):
+        create an elastic network interface per instance in one of the subnets with the security groups, let its
+        own service account use it (a permission on the interface), and delete both when the instance goes; the
+        describe calls check the subnets, groups and the VPC's DHCP options. Interfaces are created and managed only
+        in these subnets; the describe calls have no resource-level permissions. What the acknowledgment of the
+        role's '*' resources says of them is returned."""
+        vpc = self.spec.vpc
+        subnets = [self.format_arn(service="ec2", resource="subnet", resource_name=s) for s in vpc.subnet_ids]
+        groups = [self.format_arn(service="ec2", resource="security-group", resource_name=g)
+                  for g in vpc.security_group_ids]
+        interfaces = self.format_arn(service="ec2", resource="network-interface", resource_name="*")
+        role.add_to_policy(iam.PolicyStatement(
+            sid="CreateNetworkInterfacesInTheSubnets", actions=["ec2:CreateNetworkInterface"],
+            resources=[interfaces, *subnets, *groups]))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ManageNetworkInterfacesInTheSubnets",
+            actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
+            resources=[interfaces], conditions={"ArnEquals": {"ec2:Subnet": subnets}}))
+        describe = ["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
+                    "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]
+        role.add_to_policy(iam.PolicyStatement(
+            sid="DescribeTheNetwork", actions=[*describe, "ec2:DeleteNetworkInterfacePermission"], resources=["*"]))
+        nag.acknowledge(role, nag.wildcard_resource_of(self, interfaces),
+                        "SageMaker creates one network interface per instance, named by EC2 when created; the role may "
+                        "create interfaces only in cdk.json's subnets with its security groups, and manage only "
+                        "interfaces in those subnets (ec2:Subnet).")
+        return ("the EC2 describe calls SageMaker makes to place instances in a VPC and "
+                "ec2:DeleteNetworkInterfacePermission (a permission is named by its own id, not by an interface)")
 
     def _grant_batch_transform(self, role: iam.Role) -> None:
         artifacts = self._artifacts

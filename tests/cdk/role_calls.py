@@ -269,10 +269,45 @@ def endpoint_execution_requests(deployment: Deployment, stack: str) -> list[Requ
               Request("logs:DescribeLogStreams", f"{group}:*", source="SageMaker: container logs"),
               Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"},
                       source="SageMaker: instance metrics")]
+    found += network_interface_requests(deployment, stack)
     rollback = deployment.resolve(stack, endpoint["Properties"]["DeploymentConfig"])["AutoRollbackConfiguration"]
     found += [Request("cloudwatch:DescribeAlarms", f"arn:{deployment.partition}:cloudwatch:{deployment.region}:"
                       f"{deployment.account}:alarm:{alarm['AlarmName']}", source="SageMaker: AutoRollbackConfiguration")
               for alarm in rollback["Alarms"]]
+    return found
+
+
+EXAMPLE_INTERFACE = "eni-0123456789abcdef0"
+
+
+def network_interface_requests(deployment: Deployment, stack: str, *, subnets: list[str] | None = None,
+                               interface: str = EXAMPLE_INTERFACE) -> list[Request]:
+    """SageMaker's calls with the execution role where the Model has a VpcConfig (none without one): per instance an
+    elastic network interface in one of its subnets with its security groups, a permission on it for SageMaker's
+    own account, and both deleted again; the describe calls that check the subnets, groups and the VPC's DHCP
+    options. ``subnets`` replaces the VpcConfig's (a negative check: an interface elsewhere)."""
+    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
+    if "VpcConfig" not in model["Properties"]:
+        return []
+    vpc = deployment.resolve(stack, model["Properties"]["VpcConfig"])
+    partition, region, account = deployment.partition, deployment.region, deployment.account
+    ec2 = f"arn:{partition}:ec2:{region}:{account}"
+    source = "SageMaker: VpcConfig"
+    eni = f"{ec2}:network-interface/{interface}"
+    found = [Request(f"ec2:{action}", "*", source=source) for action in (
+        "DescribeSubnets", "DescribeSecurityGroups", "DescribeVpcs", "DescribeDhcpOptions",
+        "DescribeNetworkInterfaces")]
+    for subnet in subnets if subnets is not None else vpc["Subnets"]:
+        subnet_arn = f"{ec2}:subnet/{subnet}"
+        within = {"ec2:Subnet": subnet_arn}
+        found += [Request("ec2:CreateNetworkInterface", eni, source=f"{source} ({subnet})"),
+                  Request("ec2:CreateNetworkInterface", subnet_arn, source=f"{source} ({subnet})")]
+        found += [Request("ec2:CreateNetworkInterface", f"{ec2}:security-group/{group}", source=f"{source} ({subnet})")
+                  for group in vpc["SecurityGroupIds"]]
+        found += [Request(f"ec2:{action}", eni, within, source=f"{source} ({subnet})")
+                  for action in ("CreateNetworkInterfacePermission", "DeleteNetworkInterface")]
+        # A permission is deleted by its own id (NetworkInterfacePermissionId): no interface in the request.
+        found.append(Request("ec2:DeleteNetworkInterfacePermission", "*", source=f"{source} ({subnet})"))
     return found
 
 
