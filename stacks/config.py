@@ -547,6 +547,29 @@ def execution_role_name(name_prefix: str, kind: str) -> str:
 
 _SUBNET_ID = re.compile(r"^subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
 _SECURITY_GROUP_ID = re.compile(r"^sg-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_VPC_ID = re.compile(r"^vpc-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_ROUTE_TABLE_ID = re.compile(r"^rtb-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+# The interface endpoints (AWS PrivateLink) that an endpoint in subnets without internet access needs, by the
+# service names' last part (com.amazonaws.<region>.<service>): the image pull (ECR's API and registry), the
+# container logs and STS; and S3's gateway endpoint (the model archive, the image's layers, Batch Transform).
+INTERFACE_ENDPOINT_SERVICES = ("ecr.api", "ecr.dkr", "logs", "sts")
+
+
+class VpcEndpointSettings(_Settings):
+    """``vpc.create_endpoints``: the environment's network stack creates the VPC endpoints its endpoints need, in this
+    VPC (the one the subnets are in), the interface endpoints in ``subnet_ids`` and S3's gateway endpoint on these
+    route tables (those of the subnets). Absent: the VPC has them already (docs/deploy.md, "VPC")."""
+    vpc_id: Text(_VPC_ID, "a VPC id (vpc-<8 or 17 hex>)")
+    route_table_ids: Annotated[tuple[Text(_ROUTE_TABLE_ID, "a route table id (rtb-<8 or 17 hex>)"), ...],
+                               BeforeValidator(_list_of(1, 255, "a list of the subnets' route table ids"))]
+
+    @model_validator(mode="after")
+    def _once_each(self):
+        problems = _repeats("route_table_ids", self.route_table_ids,
+                            lambda table, first: f"{table!r} is already route table {first + 1}")
+        if problems:
+            raise _field_problems(type(self).__name__, problems)
+        return self
 # SageMaker's VpcConfig: 1 to 16 subnets, 1 to 5 security groups.
 MAX_SUBNETS, MAX_SECURITY_GROUPS = 16, 5
 # Fewer subnets than this are allowed, with a synth warning: SageMaker spreads an endpoint's instances over the
@@ -558,7 +581,8 @@ class VpcSettings(_Settings):
     """``vpc``: the subnets and security groups every Model of the environment runs in (its VpcConfig), for an
     account whose endpoints must not leave its own network. The execution roles get what SageMaker's elastic network
     interfaces need in exactly these subnets (stacks/endpoint_stack.py). The VPC endpoints a subnet without internet
-    access needs (S3, ECR, CloudWatch Logs, STS) are the account's own: docs/deploy.md, "VPC", lists them."""
+    access needs (S3, ECR, CloudWatch Logs, STS) are the VPC's own, or, with ``create_endpoints``, the environment's
+    network stack creates them (stacks/network_stack.py; docs/deploy.md, "VPC")."""
     subnet_ids: Annotated[tuple[Text(_SUBNET_ID, "a subnet id (subnet-<8 or 17 hex>)"), ...], BeforeValidator(
         _list_of(1, MAX_SUBNETS, f"a list of 1 to {MAX_SUBNETS} subnet ids ({RECOMMENDED_SUBNETS} or more, in "
                  f"different Availability Zones, recommended)"))]
@@ -567,6 +591,7 @@ class VpcSettings(_Settings):
                                   BeforeValidator(_list_of(0, MAX_SECURITY_GROUPS,
                                                            f"a list of 1 to {MAX_SECURITY_GROUPS} security group "
                                                            f"ids"))] = ()
+    create_endpoints: VpcEndpointSettings | None = None
 
     @model_validator(mode="after")
     def _placed_whole(self):

@@ -1,7 +1,8 @@
 """An environment placed in a VPC (cdk.json ``vpc``: subnet_ids and security_group_ids): every Model's VpcConfig, the
 execution roles' network-interface rights evaluated with the policy simulator against the calls SageMaker makes with
-them (in the subnets: allowed; elsewhere: denied), cdk-nag and cfn-lint clean, in-process and through the pinned
-CLI; each refusal named by its key; the shipped environments (no vpc) without a VpcConfig or any EC2 right."""
+them (in the subnets: allowed; elsewhere: denied), the network stack's VPC endpoints where ``create_endpoints`` asks
+for them, cdk-nag and cfn-lint clean, in-process and through the pinned CLI; each refusal named by its key; the
+shipped environments (no vpc) without a VpcConfig, a network stack or any EC2 right."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from test_cdk_cli import pinned_checkout, run_cdk
 SUBNETS = ["subnet-0a1b2c3d4e5f60718", "subnet-0b1b2c3d4e5f60718"]
 GROUPS = ["sg-0c1b2c3d4e5f60718"]
 VPC = {"subnet_ids": SUBNETS, "security_group_ids": GROUPS}
+CREATED = {"vpc_id": "vpc-0d1b2c3d4e5f60718", "route_table_ids": ["rtb-0e1b2c3d4e5f60718", "rtb-0f1b2c3d4e5f60718"]}
 ELSEWHERE = "subnet-0fffffffffffffff0"
 
 
@@ -32,8 +34,9 @@ def in_vpc(vpc):
 
 @pytest.fixture(scope="module", params=cdk_testkit.ENVIRONMENTS)
 def placed(request):
-    """cdk.json's environment, pinned, with a vpc: synthesized with cdk-nag applied (a finding fails it)."""
-    return cdk_testkit.synthesized_with(request.param, in_vpc(VPC))
+    """cdk.json's environment, pinned, with a vpc whose endpoints it creates: synthesized with cdk-nag applied (a
+    finding fails it)."""
+    return cdk_testkit.synthesized_with(request.param, in_vpc({**VPC, "create_endpoints": CREATED}))
 
 
 def models(synth):
@@ -54,8 +57,47 @@ def test_a_placed_environment_is_nag_and_cfn_lint_clean(placed):
     if report.exists():
         for plugin in json.loads(report.read_text())["pluginReports"]:
             assert plugin["conclusion"] == "success", plugin
-    for kind in placed.stack_kinds:
+    for kind in (*placed.stack_kinds, "network"):
         assert findings(placed.template(kind)) == [], kind
+
+
+def test_the_network_stack_creates_the_endpoints_the_subnets_need(placed):
+    network = placed.template("network")["Resources"]
+    region = {"Ref": "AWS::Region"} if placed.env == "dev" else EXAMPLE_REGION
+    endpoints = {r["Properties"]["ServiceName"]["Fn::Join"][1][2] if isinstance(r["Properties"]["ServiceName"], dict)
+                 else r["Properties"]["ServiceName"].rsplit(f"{EXAMPLE_REGION}", 1)[1]: r["Properties"]
+                 for r in network.values() if r["Type"] == "AWS::EC2::VPCEndpoint"}
+    assert sorted(endpoints) == [".ecr.api", ".ecr.dkr", ".logs", ".s3", ".sts"]
+    (group_id, group), = [(lid, r) for lid, r in network.items() if r["Type"] == "AWS::EC2::SecurityGroup"]
+    for service, properties in endpoints.items():
+        name = properties["ServiceName"]
+        assert name == (f"com.amazonaws.{EXAMPLE_REGION}{service}" if placed.env == "prod" else
+                        {"Fn::Join": ["", ["com.amazonaws.", region, service]]})
+        assert properties["VpcId"] == CREATED["vpc_id"]
+        if service == ".s3":
+            assert properties["VpcEndpointType"] == "Gateway"
+            assert properties["RouteTableIds"] == CREATED["route_table_ids"]
+        else:
+            assert properties["VpcEndpointType"] == "Interface" and properties["PrivateDnsEnabled"] is True
+            assert properties["SubnetIds"] == SUBNETS
+            assert properties["SecurityGroupIds"] == [{"Fn::GetAtt": [group_id, "GroupId"]}]
+    # HTTPS from the endpoints' security groups only; no egress.
+    ingress = group["Properties"]["SecurityGroupIngress"]
+    assert [(i["IpProtocol"], i["FromPort"], i["ToPort"], i["SourceSecurityGroupId"]) for i in ingress] == \
+        [("tcp", 443, 443, group) for group in GROUPS]
+    assert not any("CidrIp" in i for i in ingress)
+    assert [e["CidrIp"] for e in group["Properties"]["SecurityGroupEgress"]] == ["255.255.255.255/32"]
+    # Each endpoint stack deploys after it (and is destroyed before it).
+    artifacts = placed.manifest()["artifacts"]
+    for slug in ENDPOINT_STACKS.values():
+        assert placed.stack_name("network") in artifacts[placed.stack_name(slug)]["dependencies"], slug
+
+
+def test_without_create_endpoints_there_is_no_network_stack():
+    synth = cdk_testkit.synthesized_with("dev", in_vpc(VPC))
+    assert not (synth.outdir / f"{synth.stack_name('network')}.template.json").exists()
+    for model in models(synth).values():
+        assert model["Properties"]["VpcConfig"] == {"Subnets": SUBNETS, "SecurityGroupIds": GROUPS}
 
 
 @pytest.mark.parametrize("kind", ENDPOINT_STACKS)
@@ -87,6 +129,7 @@ def test_what_sagemaker_does_in_the_subnets_is_allowed_and_nothing_elsewhere(pla
 
 
 def test_the_shipped_environments_have_no_vpc_and_no_ec2_rights(pinned):
+    assert not (pinned.outdir / f"{pinned.stack_name('network')}.template.json").exists()
     for kind, model in models(pinned).items():
         assert "VpcConfig" not in model["Properties"], kind
     for _, template in pinned.templates():
@@ -140,10 +183,16 @@ def test_subnets_without_security_groups_are_refused_naming_the_key(vpc):
     ({"subnet_ids": [SUBNETS[0], SUBNETS[0]], "security_group_ids": GROUPS},
      "environments.dev.vpc.subnet_ids[1]: 'subnet-0a1b2c3d4e5f60718' is already subnet 1"),
     ({**VPC, "vpc_id": "vpc-0a1b2c3d"},
-     "environments.dev.vpc.vpc_id: unknown key (expected one of: subnet_ids, security_group_ids)"),
+     "environments.dev.vpc.vpc_id: unknown key (expected one of: subnet_ids, security_group_ids, create_endpoints)"),
+    ({**VPC, "create_endpoints": {"vpc_id": "vpc-x", "route_table_ids": CREATED["route_table_ids"]}},
+     "environments.dev.vpc.create_endpoints.vpc_id: 'vpc-x' is not a VPC id (vpc-<8 or 17 hex>)"),
+    ({**VPC, "create_endpoints": {"vpc_id": CREATED["vpc_id"]}},
+     "environments.dev.vpc.create_endpoints.route_table_ids: is required"),
+    ({**VPC, "create_endpoints": {**CREATED, "route_table_ids": ["rtb-0e1b2c3d4e5f60718"] * 2}},
+     "environments.dev.vpc.create_endpoints.route_table_ids[1]: 'rtb-0e1b2c3d4e5f60718' is already route table 1"),
     ("subnet-0a1b2c3d4e5f60718", "environments.dev.vpc: expected an object, got a string"),
 ], ids=["no-subnets", "empty-subnets", "a-string", "bad-subnet", "bad-group", "six-groups", "repeated-subnet",
-        "unknown-key", "not-an-object"])
+        "unknown-key", "bad-vpc-id", "no-route-tables", "repeated-route-table", "not-an-object"])
 def test_each_bad_vpc_setting_is_refused_naming_its_key(vpc, expected):
     (problem,) = problems(vpc)
     assert problem.startswith(expected), problem
@@ -154,7 +203,7 @@ def test_npx_cdk_synth_of_a_placed_environment_with_real_format_pins(tmp_path):
     and cfn-lint clean, every Model in the subnets."""
     checkout = pinned_checkout(tmp_path)
     cdk_json = json.loads((checkout / "cdk.json").read_text())
-    cdk_json["context"]["environments"]["dev"]["vpc"] = VPC
+    cdk_json["context"]["environments"]["dev"]["vpc"] = {**VPC, "create_endpoints": CREATED}
     (checkout / "cdk.json").unlink()
     (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
     out = tmp_path / "cdk.out"
@@ -162,6 +211,7 @@ def test_npx_cdk_synth_of_a_placed_environment_with_real_format_pins(tmp_path):
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "AwsSolutions" not in completed.stderr and "left out" not in completed.stderr
     prefix = cdk_json["context"]["environments"]["dev"]["name_prefix"]
+    assert (out / f"{prefix}-network.template.json").exists()
     for path in out.glob(f"{prefix}-*.template.json"):
         template = json.loads(path.read_text())
         assert findings(template) == [], path.name
