@@ -38,6 +38,10 @@ ACCEPTANCE_PREFIX = "acceptance/"
 BATCH_INPUT_PREFIX = "batch/input/"
 BATCH_OUTPUT_PREFIX = "batch/output/"
 TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
+# SageMaker's data capture writes each endpoint's captured requests and responses under this prefix of the
+# artifact bucket (or a prefix below it that cdk.json names), as <prefix><endpoint>/<variant>/yyyy/mm/dd/hh/*.jsonl.
+DATA_CAPTURE_PREFIX = "data-capture/"
+CAPTURE_MODES = ("input", "output")
 
 ENDPOINT_KINDS = ("cpu", "gpu", "text_generation")
 # The kinds the decision adapter serves (the other is llama-server).
@@ -261,6 +265,46 @@ class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# A key prefix of S3's safe characters, ending with '/', without empty or '.'/'..' segments.
+_CAPTURE_PREFIX = re.compile(r"^(?:(?!\.{1,2}/)[A-Za-z0-9!_.*'()-]+/)+$")
+
+
+def _capture_prefix(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _problem(f"expected a key prefix under {DATA_CAPTURE_PREFIX} of the artifact bucket, got "
+                       f"{_describe(value)}")
+    if value.startswith(("s3://", "arn:", "/")) or not value.startswith(DATA_CAPTURE_PREFIX):
+        raise _problem(f"{value!r} is outside the artifact bucket's {DATA_CAPTURE_PREFIX} prefix: captured requests "
+                       f"and responses go to this environment's artifact bucket only, under {DATA_CAPTURE_PREFIX} "
+                       f"(name a key prefix such as '{DATA_CAPTURE_PREFIX}audit/', not a bucket or a URI)")
+    if not _CAPTURE_PREFIX.match(value):
+        raise _problem(f"{value!r} is not a key prefix ending with '/' of a-z A-Z 0-9 ! _ . * ' ( ) - without empty, "
+                       f"'.' or '..' parts")
+    return value
+
+
+def _capture_modes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise _problem(f"expected a list of {' and/or '.join(CAPTURE_MODES)}, got {_describe(value)}")
+    for mode in value:
+        if mode not in CAPTURE_MODES:
+            raise _problem(f"{mode!r} is not one of {', '.join(CAPTURE_MODES)}")
+    if len(set(value)) != len(value):
+        raise _problem(f"{value!r} names a mode twice")
+    return tuple(value)
+
+
+class DataCaptureSettings(_Settings):
+    """``<kind>.data_capture``: SageMaker's data capture of the endpoint's requests and responses (its
+    EndpointConfig's DataCaptureConfig), written with the execution role to the environment's own artifact bucket
+    under ``prefix`` (default ``data-capture/``; never another bucket), as JSON lines per endpoint, variant and
+    hour."""
+    # InitialSamplingPercentage: the share of requests captured.
+    sampling_percentage: Integer(1, 100)
+    capture: Annotated[tuple[str, ...], BeforeValidator(_capture_modes)] = CAPTURE_MODES
+    prefix: _checked(_capture_prefix, str) = DATA_CAPTURE_PREFIX
+
+
 class EndpointSettings(_Settings):
     """What every endpoint has: instance counts, target tracking and container timeouts."""
     initial_instance_count: Integer(1, 100)
@@ -277,6 +321,8 @@ class EndpointSettings(_Settings):
     # Auto scaling registered (ScalableTarget and target tracking). false for the one deploy that changes the
     # instance type or the pools: SageMaker refuses UpdateEndpoint on a variant registered with auto scaling.
     autoscaling: _checked(_boolean, bool) = True
+    # null: nothing captured (as cdk.json ships).
+    data_capture: DataCaptureSettings | None = None
 
     @property
     def variant_instance_types(self) -> tuple[str, ...]:

@@ -105,8 +105,10 @@ class EndpointStack(cdk.Stack):
                 removal_policy=cdk.RemovalPolicy.DESTROY,
                 description=f"{name_prefix}: encrypts the EBS volumes of the {spec.title} endpoint")
 
+        capture_destination = self._grant_data_capture(role) if spec.settings.data_capture is not None else None
         self.endpoint = SageMakerEndpoint(
             self, "Endpoint", spec=spec, image_uri=self._image_uri(), execution_role=role,
+            capture_destination=capture_destination,
             model_data_url=f"s3://{model.bucket or artifacts.bucket.bucket_name}/{model.s3_key}",
             volume_key=self.volume_key,
             alarm_topic=alarm_topic, log_retention_days=log_retention_days,
@@ -150,6 +152,20 @@ class EndpointStack(cdk.Stack):
                         "interfaces in those subnets (ec2:Subnet).")
         return ("the EC2 describe calls SageMaker makes to place instances in a VPC and "
                 "ec2:DeleteNetworkInterfacePermission (a permission is named by its own id, not by an interface)")
+
+    def _grant_data_capture(self, role: iam.Role) -> str:
+        """SageMaker writes the endpoint's captured requests and responses with the execution role, as
+        <destination><endpoint>/<variant>/yyyy/mm/dd/hh/<file>.jsonl: the role may put objects under its own
+        endpoint's part of the capture prefix of the artifact bucket, nothing else there. The destination URI is
+        returned."""
+        capture, artifacts = self.spec.settings.data_capture, self._artifacts
+        own = f"{capture.prefix}{self.spec.endpoint_name}/*"
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteCapturedData", actions=["s3:PutObject"], resources=[artifacts.bucket_objects_arn(own)]))
+        nag.acknowledge(role, artifacts.bucket_objects_finding(own),
+                        "SageMaker's data capture names its objects per variant, hour and file; the role may only put "
+                        f"objects under this endpoint's part of the {capture.prefix} prefix of the artifact bucket.")
+        return f"s3://{artifacts.bucket.bucket_name}/{capture.prefix}"
 
     def _grant_batch_transform(self, role: iam.Role) -> None:
         artifacts = self._artifacts

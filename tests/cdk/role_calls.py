@@ -270,11 +270,29 @@ def endpoint_execution_requests(deployment: Deployment, stack: str) -> list[Requ
               Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"},
                       source="SageMaker: instance metrics")]
     found += network_interface_requests(deployment, stack)
+    found += data_capture_requests(deployment, stack)
     rollback = deployment.resolve(stack, endpoint["Properties"]["DeploymentConfig"])["AutoRollbackConfiguration"]
     found += [Request("cloudwatch:DescribeAlarms", f"arn:{deployment.partition}:cloudwatch:{deployment.region}:"
                       f"{deployment.account}:alarm:{alarm['AlarmName']}", source="SageMaker: AutoRollbackConfiguration")
               for alarm in rollback["Alarms"]]
     return found
+
+
+def data_capture_requests(deployment: Deployment, stack: str, *, endpoint_name: str | None = None) -> list[Request]:
+    """SageMaker's writes with the execution role where the EndpointConfig captures data (none without it): one
+    JSON-lines object per variant and hour under <DestinationS3Uri><endpoint>/<variant>/yyyy/mm/dd/hh/ (SageMaker's
+    documented layout). ``endpoint_name`` replaces the endpoint's own (a negative check: another endpoint's part)."""
+    (config,) = deployment.resources_of_type(stack, "AWS::SageMaker::EndpointConfig").values()
+    if "DataCaptureConfig" not in config["Properties"]:
+        return []
+    capture = deployment.resolve(stack, config["Properties"]["DataCaptureConfig"])
+    (endpoint,) = deployment.resources_of_type(stack, "AWS::SageMaker::Endpoint").values()
+    name = endpoint_name or deployment.resolve(stack, endpoint["Properties"]["EndpointName"])
+    bucket, _, prefix = capture["DestinationS3Uri"].removeprefix("s3://").partition("/")
+    variant = config["Properties"]["ProductionVariants"][0]["VariantName"]
+    key = f"{prefix}{name}/{variant}/2027/01/01/00/00-00-000-0123abcd-4567-89ef-0123-456789abcdef.jsonl"
+    return [Request("s3:PutObject", f"arn:{deployment.partition}:s3:::{bucket}/{key}",
+                    source="SageMaker: DataCaptureConfig")]
 
 
 EXAMPLE_INTERFACE = "eni-0123456789abcdef0"

@@ -1,0 +1,139 @@
+"""SageMaker data capture per endpoint kind (cdk.json ``<kind>.data_capture``): the EndpointConfig's
+DataCaptureConfig (sampling, input and/or output, JSON bodies, the artifact bucket's own data-capture/ prefix), the
+execution role's writes evaluated with the policy simulator (its own endpoint's part of the prefix: allowed;
+another endpoint's part or another prefix: denied), cdk-nag and cfn-lint clean; each refusal named by its key (a
+prefix outside the bucket's data-capture/ first); the shipped environments capture nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import app as cdk_app
+import cdk_testkit
+import role_calls
+from cdk_testkit import ENDPOINT_STACKS, EXAMPLE_ACCOUNT, EXAMPLE_REGION
+from deploy.iam_simulation import Deployment, Request, denied, evaluate
+from stacks.config import ConfigError, load_environment
+from test_cdk_cfn_lint import findings
+
+CAPTURES = {"cpu": {"sampling_percentage": 25},
+            "gpu": {"sampling_percentage": 100, "capture": ["input"], "prefix": "data-capture/audit/"}}
+
+
+def capturing(captures):
+    def edit(environment):
+        for kind, capture in captures.items():
+            environment[kind]["data_capture"] = dict(capture)
+    return edit
+
+
+@pytest.fixture(scope="module", params=cdk_testkit.ENVIRONMENTS)
+def captured(request):
+    return cdk_testkit.synthesized_with(request.param, capturing(CAPTURES))
+
+
+def endpoint_config(synth, kind):
+    return synth.resource(ENDPOINT_STACKS[kind], "AWS::SageMaker::EndpointConfig", "Endpoint")["Properties"]
+
+
+def test_each_kind_captures_as_cdk_json_says(captured):
+    # The environment's own artifact bucket, by its name imported from its artifacts stack.
+    bucket_name = endpoint_config(captured, "cpu")["DataCaptureConfig"]["DestinationS3Uri"]["Fn::Join"][1][1]
+    assert bucket_name["Fn::ImportValue"].startswith(f"{captured.prefix}-artifacts:ExportsOutputRefArtifactBucket")
+    expected = {
+        "cpu": {"EnableCapture": True, "InitialSamplingPercentage": 25,
+                "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}],
+                "DestinationS3Uri": {"Fn::Join": ["", ["s3://", bucket_name, "/data-capture/"]]},
+                "CaptureContentTypeHeader": {"JsonContentTypes": ["application/json"]}},
+        "gpu": {"EnableCapture": True, "InitialSamplingPercentage": 100, "CaptureOptions": [{"CaptureMode": "Input"}],
+                "DestinationS3Uri": {"Fn::Join": ["", ["s3://", bucket_name, "/data-capture/audit/"]]},
+                "CaptureContentTypeHeader": {"JsonContentTypes": ["application/json"]}}}
+    for kind in ENDPOINT_STACKS:
+        assert endpoint_config(captured, kind).get("DataCaptureConfig") == expected.get(kind), kind
+
+
+def test_a_capturing_environment_is_nag_and_cfn_lint_clean(captured):
+    report = captured.outdir / "validation-report.json"
+    if report.exists():
+        for plugin in json.loads(report.read_text())["pluginReports"]:
+            assert plugin["conclusion"] == "success", plugin
+    for kind in captured.stack_kinds:
+        assert findings(captured.template(kind)) == [], kind
+
+
+@pytest.mark.parametrize("kind", ENDPOINT_STACKS)
+def test_sagemaker_writes_its_own_endpoints_captures_and_nothing_else(captured, kind):
+    deployment = Deployment(captured.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
+    stack = captured.stack_name(ENDPOINT_STACKS[kind])
+    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
+    role = model["Properties"]["ExecutionRoleArn"]["Fn::GetAtt"][0]
+
+    def verdicts(requests):
+        return evaluate(deployment.arn(stack, role), deployment.account, requests,
+                        identity_policies=deployment.role_policies(stack, role))
+
+    requests = role_calls.endpoint_execution_requests(deployment, stack)
+    writes = role_calls.data_capture_requests(deployment, stack)
+    assert len(writes) == (kind in CAPTURES)
+    assert all(w in requests for w in writes)
+    assert not role_calls.resource_type_problems(requests), role_calls.resource_type_problems(requests)
+    assert not denied(verdicts(requests)), "\n".join(denied(verdicts(requests)))
+    bucket = deployment.output(captured.stack_name("artifacts"), "ArtifactBucketName")
+    prefix = CAPTURES.get(kind, {}).get("prefix", "data-capture/")
+    elsewhere = [Request("s3:PutObject", f"arn:aws:s3:::{bucket}/{key}", source="elsewhere") for key in (
+        f"{prefix}{captured.prefix}-other/AllTraffic/2027/01/01/00/x.jsonl",   # another endpoint's part
+        f"models/{captured.prefix}-{ENDPOINT_STACKS[kind].removeprefix('endpoint-')}/x.jsonl",
+        "image-digests/cpu/x")]
+    elsewhere += role_calls.data_capture_requests(deployment, stack, endpoint_name=f"{captured.prefix}-other")
+    assert all(not v.allowed for v in verdicts(elsewhere)), [v.line() for v in verdicts(elsewhere) if v.allowed]
+
+
+def test_the_shipped_environments_capture_nothing(pinned):
+    for kind in ENDPOINT_STACKS:
+        assert "DataCaptureConfig" not in endpoint_config(pinned, kind), kind
+    for _, template in pinned.templates():
+        assert not [s for _, s in cdk_testkit.statements(template) if s.get("Sid") == "WriteCapturedData"]
+
+
+def problems(capture, kind="cpu", env="dev") -> list[str]:
+    context = cdk_testkit.context_for(env, edit=capturing({kind: capture}))
+    with pytest.raises(ConfigError) as raised:
+        load_environment(context["environments"], env, model_pins=cdk_app.model_pin_names())
+    return list(raised.value.problems)
+
+
+OUTSIDE = ("is outside the artifact bucket's data-capture/ prefix: captured requests and responses go to this "
+           "environment's artifact bucket only, under data-capture/")
+
+
+@pytest.mark.parametrize("prefix", ["s3://someone-elses-bucket/data-capture/", "models/", "/data-capture/x/",
+                                    "arn:aws:s3:::bucket/data-capture/", "capture/"])
+def test_a_prefix_outside_the_buckets_data_capture_prefix_is_refused(prefix):
+    (problem,) = problems({"sampling_percentage": 10, "prefix": prefix}, kind="gpu")
+    assert problem == f"environments.dev.gpu.data_capture.prefix: {prefix!r} {OUTSIDE} (name a key prefix such as " \
+                      f"'data-capture/audit/', not a bucket or a URI)"
+
+
+@pytest.mark.parametrize("capture, expected", [
+    ({}, "environments.dev.cpu.data_capture.sampling_percentage: is required"),
+    ({"sampling_percentage": 0}, "environments.dev.cpu.data_capture.sampling_percentage: 0 is outside 1..100"),
+    ({"sampling_percentage": 101}, "environments.dev.cpu.data_capture.sampling_percentage: 101 is outside 1..100"),
+    ({"sampling_percentage": 5, "prefix": "data-capture/../models/"},
+     "environments.dev.cpu.data_capture.prefix: 'data-capture/../models/' is not a key prefix"),
+    ({"sampling_percentage": 5, "prefix": "data-capture/audit"},
+     "environments.dev.cpu.data_capture.prefix: 'data-capture/audit' is not a key prefix ending with '/'"),
+    ({"sampling_percentage": 5, "capture": []},
+     "environments.dev.cpu.data_capture.capture: expected a list of input and/or output, got a list ([])"),
+    ({"sampling_percentage": 5, "capture": ["request"]},
+     "environments.dev.cpu.data_capture.capture: 'request' is not one of input, output"),
+    ({"sampling_percentage": 5, "capture": ["output", "output"]},
+     "environments.dev.cpu.data_capture.capture: ['output', 'output'] names a mode twice"),
+    ({"sampling_percentage": 5, "kms_key": "x"},
+     "environments.dev.cpu.data_capture.kms_key: unknown key (expected one of: sampling_percentage, capture, prefix)"),
+], ids=["no-sampling", "zero", "above-100", "dot-dot", "no-slash", "no-modes", "bad-mode", "repeated-mode",
+        "unknown-key"])
+def test_each_bad_capture_setting_is_refused_naming_its_key(capture, expected):
+    (problem,) = problems(capture)
+    assert problem.startswith(expected), problem
