@@ -16,6 +16,8 @@ import role_calls
 from cdk_testkit import ENDPOINT_STACKS, EXAMPLE_ACCOUNT, EXAMPLE_REGION
 from deploy.iam_simulation import Deployment, Request, denied, evaluate
 from stacks.config import ConfigError, load_environment
+from test_cdk_botocore import problems as api_problems
+from test_cdk_botocore import requests_of
 from test_cdk_cfn_lint import findings
 
 CAPTURES = {"cpu": {"sampling_percentage": 25},
@@ -61,6 +63,16 @@ def test_a_capturing_environment_is_nag_and_cfn_lint_clean(captured):
             assert plugin["conclusion"] == "success", plugin
     for kind in captured.stack_kinds:
         assert findings(captured.template(kind)) == [], kind
+
+
+@pytest.mark.parametrize("kind", ENDPOINT_STACKS)
+def test_the_requests_with_data_capture_are_valid_for_sagemakers_api(captured, kind):
+    """CreateEndpointConfig with its DataCaptureConfig (and the rest) as botocore's service model defines them."""
+    calls = requests_of(captured.template(ENDPOINT_STACKS[kind]))
+    (config,) = [params for _, operation, params in calls if operation == "CreateEndpointConfig"]
+    assert ("DataCaptureConfig" in config) is (kind in CAPTURES)
+    for service, operation, params in calls:
+        assert api_problems(service, operation, params) == [], (operation, params)
 
 
 @pytest.mark.parametrize("kind", ENDPOINT_STACKS)

@@ -18,6 +18,8 @@ import role_calls
 from cdk_testkit import ENDPOINT_STACKS, EXAMPLE_ACCOUNT, EXAMPLE_REGION
 from deploy.iam_simulation import Deployment, denied, evaluate
 from stacks.config import ConfigError, load_environment
+from test_cdk_botocore import problems as api_problems
+from test_cdk_botocore import requests_of
 from test_cdk_cfn_lint import findings
 from test_cdk_cli import pinned_checkout, run_cdk
 
@@ -59,6 +61,16 @@ def test_a_placed_environment_is_nag_and_cfn_lint_clean(placed):
             assert plugin["conclusion"] == "success", plugin
     for kind in (*placed.stack_kinds, "network"):
         assert findings(placed.template(kind)) == [], kind
+
+
+@pytest.mark.parametrize("kind", ENDPOINT_STACKS)
+def test_the_requests_with_a_vpc_are_valid_for_sagemakers_api(placed, kind):
+    """CreateModel with its VpcConfig (and the rest) as botocore's service model defines them."""
+    calls = requests_of(placed.template(ENDPOINT_STACKS[kind]))
+    assert [params["VpcConfig"] for _, operation, params in calls if operation == "CreateModel"] == [
+        {"Subnets": SUBNETS, "SecurityGroupIds": GROUPS}]
+    for service, operation, params in calls:
+        assert api_problems(service, operation, params) == [], (operation, params)
 
 
 def test_the_network_stack_creates_the_endpoints_the_subnets_need(placed):
