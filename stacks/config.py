@@ -906,7 +906,7 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
         raise ConfigError([_message(root, problem) for problem in error.errors()] + shared) from None
     source, source_problems = _artifact_source(environments, config)
     consumers, consumer_problems = _artifact_consumers(environments, config)
-    problems = shared + source_problems + consumer_problems
+    problems = shared + source_problems + consumer_problems + _vpc_endpoint_problems(environments, config)
     if problems:
         raise ConfigError(problems)
     # Every setting below reads a decided true or false.
@@ -987,6 +987,22 @@ def _artifact_consumers(environments: Mapping[str, Any],
             name=name, account=found["account"] or config.account, region=found["region"] or config.region,
             name_prefix=found["name_prefix"], endpoint_kinds=tuple(dict.fromkeys(kinds))))
     return tuple(consumers), problems
+
+
+def _vpc_endpoint_problems(environments: Mapping[str, Any], config: EnvironmentConfig) -> list[str]:
+    """Two environments that both create the VPC endpoints of one VPC collide: private DNS allows one interface
+    endpoint per service and VPC, so the second network stack fails to deploy."""
+    if config.vpc is None or config.vpc.create_endpoints is None:
+        return []
+    vpc_id = config.vpc.create_endpoints.vpc_id
+    others = [name for name, data in environments.items()
+              if name != config.name and _get(data, "vpc", "create_endpoints", "vpc_id") == vpc_id]
+    if not others:
+        return []
+    also = ", ".join(f"environments.{name}.vpc.create_endpoints" for name in others)
+    return [f"{config.key('vpc', 'create_endpoints', 'vpc_id')}: {vpc_id} is also {also}'s VPC: a VPC has one "
+            f"interface endpoint per service with private DNS, so one environment creates them and the others use "
+            f"them (remove create_endpoints from every environment of that VPC but one)"]
 
 
 def _retains(data: Any) -> bool:

@@ -210,6 +210,26 @@ def test_each_bad_vpc_setting_is_refused_naming_its_key(vpc, expected):
     assert problem.startswith(expected), problem
 
 
+def test_two_environments_creating_the_endpoints_of_one_vpc_are_refused():
+    """Private DNS allows one interface endpoint per service and VPC: the second network stack would fail."""
+    # prod located (it must name its account and region), both in one VPC.
+    context = cdk_testkit.context_for("prod", pinned=False, edit=in_vpc({**VPC, "create_endpoints": CREATED}))
+    context["environments"]["dev"]["vpc"] = {**VPC, "create_endpoints": CREATED}
+    for env, other in (("dev", "prod"), ("prod", "dev")):
+        with pytest.raises(ConfigError) as raised:
+            load_environment(context["environments"], env, model_pins=cdk_app.model_pin_names())
+        assert list(raised.value.problems) == [
+            f"environments.{env}.vpc.create_endpoints.vpc_id: {CREATED['vpc_id']} is also "
+            f"environments.{other}.vpc.create_endpoints's VPC: a VPC has one interface endpoint per service with "
+            f"private DNS, so one environment creates them and the others use them (remove create_endpoints from "
+            f"every environment of that VPC but one)"]
+    # One creates them, the other uses them: both parse.
+    context["environments"]["prod"]["vpc"] = dict(VPC)
+    assert load_environment(context["environments"], "dev", model_pins=cdk_app.model_pin_names()).vpc.create_endpoints
+    assert load_environment(context["environments"], "prod", model_pins=cdk_app.model_pin_names(),
+                            ).vpc.create_endpoints is None
+
+
 def test_npx_cdk_synth_of_a_placed_environment_with_real_format_pins(tmp_path):
     """The path a user takes: cdk.json with pins and a vpc, through the pinned CLI; nag-clean (no finding printed)
     and cfn-lint clean, every Model in the subnets."""
