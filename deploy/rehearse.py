@@ -29,7 +29,8 @@ says localhost) and made-up credentials:
    ``npx cdk bootstrap`` and ``deploy`` in that account, promote pinning it, its Models naming dev's digests and
    archive, dev's repository and bucket policies naming exactly its execution roles under its account; that copy is
    placed in a VPC made in its account (cdk.json's ``vpc`` with ``create_endpoints``): its network stack's VPC
-   endpoints created there, every Model's VpcConfig naming the subnets and security group;
+   endpoints created there, every Model's VpcConfig naming the subnets and security group; and its cpu endpoint
+   captures data (``cpu.data_capture``): its EndpointConfig's DataCaptureConfig into its own artifact bucket;
 6. ``npx cdk destroy -c env=dev --all``: every dev stack gone, and their exports.
 
 It ends with the acceptance report of step 4.
@@ -393,6 +394,7 @@ class Rehearsal:
         cloudformation, sagemaker, ec2 = (session.client(s, endpoint_url=self.url)
                                           for s in ("cloudformation", "sagemaker", "ec2"))
         vpc = self.place_in_a_vpc(OTHER_PROD, ec2)
+        self.capture_data(OTHER_PROD, "cpu", {"sampling_percentage": 100})
         self.cdk("bootstrap", f"aws://{OTHER_ACCOUNT}/{REGION}", "-c", f"env={OTHER_PROD}", environment=elsewhere)
         self.promote(OTHER_PROD)
         self.cdk("deploy", "-c", f"env={OTHER_PROD}", "--all", "--require-approval", "never", environment=elsewhere)
@@ -444,6 +446,27 @@ class Rehearsal:
                  f"archive; dev's repository and bucket policies name exactly its {len(roles)} execution roles")
         self.log(f"  {OTHER_PROD} is placed in a VPC: every Model in its {len(vpc['subnet_ids'])} subnets, its network "
                  f"stack's {len(created)} VPC endpoints there")
+        outputs = {o["OutputKey"]: o["OutputValue"]
+                   for o in theirs[f"{OTHER_PREFIX}-artifacts"].get("Outputs", [])}
+        for kind, endpoint_name in endpoints.items():
+            served = serving(sagemaker, endpoint_name.replace("decision-dev-", f"{OTHER_PREFIX}-"))
+            capture = sagemaker.describe_endpoint_config(
+                EndpointConfigName=served.endpoint_config_name).get("DataCaptureConfig") or None
+            expected = None if kind != "cpu" else {
+                "EnableCapture": True, "InitialSamplingPercentage": 100,
+                "DestinationS3Uri": f"s3://{outputs.get('ArtifactBucketName')}/data-capture/",
+                "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}],
+                "CaptureContentTypeHeader": {"JsonContentTypes": ["application/json"]}}
+            check(capture == expected, f"{served.endpoint_name}'s EndpointConfig captures {capture}, not {expected}")
+        self.log(f"  {OTHER_PROD}'s cpu endpoint captures its requests and responses into its own artifact bucket "
+                 f"(data-capture/); the others capture nothing")
+
+    def capture_data(self, env: str, kind: str, capture: dict[str, Any]) -> None:
+        """``<kind>.data_capture`` of ``env`` set in its cdk.json as a user writes it (docs/deploy.md, Data
+        capture)."""
+        cdk_json = self.cdk_json()
+        cdk_json["context"]["environments"][env][kind]["data_capture"] = capture
+        (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
 
     def place_in_a_vpc(self, env: str, ec2: Any) -> dict[str, Any]:
         """A VPC made for ``env`` in its account (two subnets in two zones, a security group, a route table) and
