@@ -4,7 +4,8 @@ attach to work with this environment, and nothing else.
 - ``<prefix>-operator``: what ``python -m endpoint_client acceptance`` (with ``--rollback-drill``), ``transform``,
   ``preflight``, ``check-pins --protect`` and ``promote`` (from this environment) call, on this environment's
   stacks, endpoints, alarms, logs, artifact bucket and repository, plus the acceptance reports under
-  ``acceptance/<environment>/`` of the artifact bucket;
+  ``acceptance/<environment>/`` of the artifact bucket, and, where an endpoint kind captures data (its
+  ``data_capture``), what ``capture`` reads: that endpoint's part of the capture prefix;
 - ``<prefix>-deployer``: what ``npx cdk deploy`` / ``diff`` do with the caller's own credentials: assume the CDK
   bootstrap roles of this account and region (deploy, file and image publishing, lookup), which do the rest;
 - ``<prefix>-invoker``: ``sagemaker:InvokeEndpoint`` on this environment's endpoints (fixed names,
@@ -74,6 +75,9 @@ WILDCARD_REASONS = {
                          "environment's prefix of its own artifact bucket.",
     "RunTransformJobs": "transform names each job <endpoint>-<UTC time>, a new name per job, on this environment's "
                         "transform-capable endpoint only.",
+    "ReadCapturedData": "capture reads the objects SageMaker's data capture names per variant, hour and file, under "
+                        "each capturing endpoint's own part of the data-capture/ prefix of this environment's "
+                        "artifact bucket (read only).",
     "FindTransformLogGroup": "logs:DescribeLogGroups has no resource-level permissions; the service requires '*' "
                              "(read only).",
 }
@@ -225,6 +229,17 @@ class AccessStack(cdk.Stack):
                 # transform refuses to start without SageMaker's transform log group.
                 iam.PolicyStatement(sid="FindTransformLogGroup", actions=["logs:DescribeLogGroups"],
                                     resources=["*"]),
+            ]
+        captured = [f"{getattr(config, kind).data_capture.prefix}{config.endpoint_name(kind)}/"
+                    for kind in config.endpoints if getattr(getattr(config, kind), "data_capture", None) is not None]
+        if captured:
+            statements += [
+                # capture: the records SageMaker's data capture wrote, under each capturing endpoint's own part of
+                # the prefix (read only).
+                iam.PolicyStatement(sid="ReadCapturedData", actions=["s3:GetObject"],
+                                    resources=[self._bucket_objects(prefix) for prefix in captured]),
+                iam.PolicyStatement(sid="ListCapturedData", actions=["s3:ListBucket"], resources=[self._bucket_arn],
+                                    conditions={"StringLike": {"s3:prefix": [f"{prefix}*" for prefix in captured]}}),
             ]
         return statements
 

@@ -1,12 +1,14 @@
 """SageMaker data capture per endpoint kind (cdk.json ``<kind>.data_capture``): the EndpointConfig's
 DataCaptureConfig (sampling, input and/or output, JSON bodies, the artifact bucket's own data-capture/ prefix), the
 execution role's writes evaluated with the policy simulator (its own endpoint's part of the prefix: allowed;
-another endpoint's part or another prefix: denied), cdk-nag and cfn-lint clean; each refusal named by its key (a
+another endpoint's part or another prefix: denied), the operator's reads of them with ``endpoint_client capture``
+likewise, cdk-nag and cfn-lint clean; each refusal named by its key (a
 prefix outside the bucket's data-capture/ first); the shipped environments capture nothing."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -149,3 +151,62 @@ def test_a_prefix_outside_the_buckets_data_capture_prefix_is_refused(prefix):
 def test_each_bad_capture_setting_is_refused_naming_its_key(capture, expected):
     (problem,) = problems(capture)
     assert problem.startswith(expected), problem
+
+
+def test_the_operator_may_read_back_each_capturing_endpoints_records_and_nothing_else(captured, tmp_path):
+    """``python -m endpoint_client capture`` run against moto on loopback for each capturing endpoint, its calls
+    recorded and evaluated against the synthesized operator policy with the simulator (ReadCapturedData,
+    ListCapturedData); another endpoint's part of the prefix, batch/output/ and a listing of the whole prefix denied."""
+    import boto3
+
+    from endpoint_client import capture
+    from loopback_servers import moto_server
+
+    deployment = Deployment(captured.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
+    access, artifacts = captured.stack_name("access"), captured.stack_name("artifacts")
+    policy = deployment.managed_policy(access, f"{captured.prefix}-operator")
+    bucket = deployment.output(artifacts, "ArtifactBucketName")
+    context = cdk_testkit.context_for(captured.env, edit=capturing(CAPTURES))
+    context.pop("env")
+    (tmp_path / "cdk.json").write_text(json.dumps({"context": context}))
+    (tmp_path / "model_build").mkdir()
+    (tmp_path / "model_build" / "pins.json").write_text((cdk_testkit.REPOSITORY_ROOT / "model_build" /
+                                                         "pins.json").read_text())
+    kinds = [kind for kind in CAPTURES if kind in context["environments"][captured.env]["endpoints"]]
+    recorder = role_calls.BotocoreRecorder()
+    with moto_server() as url, pytest.MonkeyPatch.context() as patch:
+        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_SESSION_TOKEN"):
+            patch.delenv(name, raising=False)
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
+            patch.setenv(name, value)
+        s3 = boto3.client("s3", region_name=EXAMPLE_REGION, endpoint_url=url)
+        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": EXAMPLE_REGION})
+        boto3.client("cloudformation", region_name=EXAMPLE_REGION, endpoint_url=url).create_stack(
+            StackName=artifacts, TemplateBody=json.dumps({
+                "Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
+                "Outputs": {"ArtifactBucketName": {"Value": bucket}}}))
+        for kind in kinds:
+            prefix = CAPTURES[kind].get("prefix", "data-capture/")
+            s3.put_object(Bucket=bucket, Body=b"{}\n",
+                          Key=f"{prefix}{captured.prefix}-{kind}/AllTraffic/2026/12/07/18/capture.jsonl")
+        role_calls.record_sessions(patch, recorder)
+        codes = [capture.main(["-c", f"env={captured.env}", "--cdk-json", str(tmp_path / "cdk.json"),
+                               "--endpoint-url", url, "--region", EXAMPLE_REGION, "--kind", kind,
+                               "--since", "2026-12-07T18:00:00Z", "--until", "2026-12-07T18:30:00Z"])
+                 for kind in kinds]
+    assert codes == [0] * len(kinds)
+    reads = [r for op in recorder.operations if op.service == "s3" for r in role_calls.requests_of_operation(op)]
+    assert {r.action for r in reads} == {"s3:ListBucket", "s3:GetObject"}
+    assert len([r for r in reads if r.action == "s3:GetObject"]) == len(kinds)
+
+    def verdicts(requests):
+        return evaluate(f"arn:aws:iam::{EXAMPLE_ACCOUNT}:role/operator", EXAMPLE_ACCOUNT, requests,
+                        identity_policies=[policy])
+
+    assert not denied(verdicts(reads)), "\n".join(denied(verdicts(reads)))
+    elsewhere = [Request("s3:GetObject", f"arn:aws:s3:::{bucket}/{key}", source="elsewhere") for key in (
+        f"data-capture/{captured.prefix}-other/AllTraffic/2026/12/07/18/x.jsonl", "batch/output/x.jsonl.out")]
+    elsewhere += [Request("s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": prefix}, source="elsewhere")
+                  for prefix in ("data-capture/", f"data-capture/{captured.prefix}-other/", "models/")]
+    assert all(not v.allowed for v in verdicts(elsewhere)), [v.line() for v in verdicts(elsewhere) if v.allowed]
