@@ -54,6 +54,7 @@ class Row:
     chosen: str | None = None
     probability: float | None = None
     model_sha256: str | None = None
+    image_digest: str | None = None
     note: str | None = None
     key: str = ""
 
@@ -198,7 +199,8 @@ def decisions_of(request: Any, answer: Any) -> list[dict[str, Any]]:
     """The decisions one request object and its answer hold, as rows' fields; one row with a note when none."""
     identity = answer.get("x_request") if isinstance(answer, dict) else None
     common = {"request_id": identity.get("id"), "inference_id": identity.get("inference_id"),
-              "model_sha256": identity.get("model_sha256")} if isinstance(identity, dict) else {}
+              "model_sha256": identity.get("model_sha256"), "image_digest": identity.get("image_digest")} \
+        if isinstance(identity, dict) else {}
     rows: list[dict[str, Any]] = []
     if isinstance(answer, dict) and ("result" in answer or "results" in answer):
         rows = _decision_schema(request, answer)

@@ -321,6 +321,9 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
     alarms = _alarms(endpoint_name, variant, utilization, adapter_namespace=namespace if adapter else None,
                      slow_release_ms_per_token=slow_release)
     _check_rollback_windows(config, kind, alarms, deployment)
+    if adapter and image is not None:
+        # The adapter names its image in every answer's x_request (a captured record says which release answered).
+        environment = {**environment, "ADAPTER_IMAGE_DIGEST": image.digest}
     return EndpointSpec(
         kind=kind, settings_key=config.key(kind), slug=slug, title=title, endpoint_name=endpoint_name,
         stack_name=config.endpoint_stack_name(kind), enabled=kind in config.endpoints, missing_pins=missing,

@@ -85,3 +85,20 @@ def test_every_line_of_a_batch_carries_the_requests_id(app, client, example, cap
     assert line["request_id"] == response.headers["X-Request-Id"] == "batch-9"
     assert [o.get("x_request") for o in out[:2]] == [{"id": "batch-9", **_release(app)}] * 2
     assert out[2]["status"] == 400 and "x_request" not in out[2], "an error line keeps its protocol's error shape"
+
+
+def test_the_image_digest_the_deployment_names_is_in_x_request(tmp_path, settings, example):
+    """ADAPTER_IMAGE_DIGEST (the endpoint stacks set it from the pinned image) names the release in every answer."""
+    from adapter_apps import close_app
+    from adapter_fakes import FakeEngine, fake_model_dir
+    from decision_adapter.server.app import create_app
+
+    digest = "sha256:" + "ab" * 32
+    app = create_app(settings.replace(image_digest=digest), FakeEngine(fake_model_dir(tmp_path) / "fake.gguf"))
+    try:
+        answer = app.test_client().post("/invocations", json=example, headers={"X-Request-Id": "r"}).get_json()
+    finally:
+        close_app(app)
+    assert answer["x_request"] == {"id": "r", "image_digest": digest,
+                                   "model_sha256": answer["result"]["model"]["sha256"],
+                                   "adapter_version": metadata.version("decision-adapter")}

@@ -21,6 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DECISION = json.loads((EXAMPLES / "support-route.json").read_text())
 SYSTEM_ONE = json.loads((EXAMPLES / "systemone-ticket.json").read_text())
 BASE = "data-capture/decision-dev-cpu/AllTraffic/"
+DIGEST = "sha256:" + "cd" * 32   # ADAPTER_IMAGE_DIGEST, as the endpoint stacks set it
 WINDOW = ["--since", "2026-12-07T18:00:00Z", "--until", "2026-12-07T18:30:00Z"]
 
 
@@ -28,7 +29,7 @@ WINDOW = ["--since", "2026-12-07T18:00:00Z", "--until", "2026-12-07T18:30:00Z"]
 def adapter(tmp_path_factory):
     """The adapter on a fake engine: its answers are the real shapes, x_request included."""
     folder = fake_model_dir(tmp_path_factory.mktemp("capture"))
-    app = create_app(Settings(model_dir=str(folder), threads=1, permutations=1, debias="off"),
+    app = create_app(Settings(model_dir=str(folder), threads=1, permutations=1, debias="off", image_digest=DIGEST),
                      FakeEngine(folder / "fake.gguf"))
     yield app.test_client()
     app.extensions["decision_adapter"].close()
@@ -60,8 +61,8 @@ def record(request: str | None, answer: str | None, time: str, *, encoding="JSON
 
 def put(deployment, hour_folder: str, lines: list) -> None:
     body = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
-    deployment.client("s3").put_object(Bucket=deployment.bucket, Key=f"{BASE}{hour_folder}/capture-{uuid.uuid4()}.jsonl",
-                                       Body=body.encode())
+    key = f"{BASE}{hour_folder}/capture-{uuid.uuid4()}.jsonl"
+    deployment.client("s3").put_object(Bucket=deployment.bucket, Key=key, Body=body.encode())
 
 
 def capturing(deployment):
@@ -107,7 +108,7 @@ def test_decisions_of_both_protocols_are_read_back_for_the_window(deployment, ad
                         "decision": "support-route", "question": DECISION["decision"]["question"],
                         "options": answer["option_ids"], "chosen": answer["option_ids"][best],
                         "probability": answer["probabilities"][best], "model_sha256": answer["model"]["sha256"],
-                        "key": found[0]["key"]}
+                        "image_digest": DIGEST, "key": found[0]["key"]}
     assert decision_id == "req-route" and found[0]["key"].startswith(BASE + "2026/12/07/18/")
     answers = json.loads(s1_out)["answers"]
     system_one = [r for r in found if r["time"] == "2026-12-07T18:02:00Z"]

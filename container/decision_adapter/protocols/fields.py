@@ -266,6 +266,9 @@ class RequestIdentity(BaseModel):
     inference_id: str | None = Field(None, description="The InferenceId the caller gave SageMaker's InvokeEndpoint "
                                                        "(the X-Amzn-SageMaker-Inference-Id header; data capture's "
                                                        "eventMetadata.inferenceId), when sent.")
+    image_digest: str | None = Field(None, description="The digest of the image that answered (ADAPTER_IMAGE_DIGEST, "
+                                                       "which the endpoint stacks set from the pinned image), when "
+                                                       "known.")
     model_sha256: str | None = Field(description="The SHA-256 of the GGUF that answered (as in the model identity).")
     adapter_version: str = Field(description="The decision adapter's version.")
 

@@ -10,7 +10,8 @@ error in the protocol's shape (classified once, ``errors.classify``), with the p
 
 Every answer (200) carries ``x_request`` (``request_identity``): the request's id, the same as its ``X-Request-Id``
 header and its log line's ``request_id``, the caller's SageMaker ``InferenceId`` where it sent one, and the release
-that answered (the model's sha256, the adapter's version). SageMaker's data capture records bodies, not headers, so
+that answered (the image's digest where the deployment says it, ``ADAPTER_IMAGE_DIGEST``; the model's sha256; the
+adapter's version). SageMaker's data capture records bodies, not headers, so
 this is what joins a captured record to its log line; in a batch every line carries it.
 """
 
@@ -40,10 +41,11 @@ ADAPTER_VERSION = _adapter_version()
 
 def request_identity() -> dict[str, Any]:
     """The current request's ``x_request``: its id, the caller's InferenceId if sent, and the release answering it."""
-    request = current_request()
-    model = current().readiness.model
+    request, state = current_request(), current()
+    digest = state.settings.image_digest
     return {"id": request.request_id, **({"inference_id": request.inference_id} if request.inference_id else {}),
-            "model_sha256": model.model_info.get("sha256"), "adapter_version": ADAPTER_VERSION}
+            **({"image_digest": digest} if digest else {}),
+            "model_sha256": state.readiness.model.model_info.get("sha256"), "adapter_version": ADAPTER_VERSION}
 
 
 def request_budget() -> Budget:
