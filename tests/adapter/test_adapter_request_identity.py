@@ -43,6 +43,7 @@ def test_the_body_carries_the_id_of_the_header_and_the_log_line(app, client, exa
     assert answer["x_request"] == {"id": f"req-{body}", **_release(app)}
     assert answer["x_request"]["id"] == response.headers["X-Request-Id"] == line["request_id"]
     assert "inference_id" not in line
+    assert {key: line[key] for key in _release(app)} == _release(app), "the log line names the release too"
     if body == "example":
         assert answer["x_request"]["model_sha256"] == answer["result"]["model"]["sha256"]
 

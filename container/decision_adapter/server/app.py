@@ -21,6 +21,7 @@ from ..settings import Settings
 from ..startup import Readiness, load_into
 from . import sagemaker, systemone
 from .admission import Admission
+from .calls import release
 from .inflight import ARRIVAL, INFERENCE_ID_HEADER, begin, current_request
 from .logs import log_request
 from .state import EXTENSION, AdapterState
@@ -59,7 +60,7 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
         response.headers["X-Request-Id"] = in_flight.request_id if in_flight else ""
         if request.endpoint != "sagemaker.ping" and in_flight is not None:
             inference = {"inference_id": in_flight.inference_id} if in_flight.inference_id else {}
-            log_request({"request_id": in_flight.request_id, **inference, "method": request.method,
+            log_request({"request_id": in_flight.request_id, **inference, **release(), "method": request.method,
                          "path": request.path,
                          "status": response.status_code, "total_s": round(time.perf_counter() - in_flight.started, 6),
                          **dict.fromkeys(COUNT_FIELDS, 0), **in_flight.log})

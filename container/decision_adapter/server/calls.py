@@ -39,13 +39,21 @@ def _adapter_version() -> str:
 ADAPTER_VERSION = _adapter_version()
 
 
+def release() -> dict[str, Any]:
+    """What identifies the release serving now: the image's digest (where the deployment names it), the loaded
+    model's sha256 (once loaded) and the adapter's version; in every answer's ``x_request`` and every log line."""
+    state = current()
+    model = state.readiness.model
+    return {**({"image_digest": state.settings.image_digest} if state.settings.image_digest else {}),
+            **({"model_sha256": model.model_info.get("sha256")} if model is not None else {}),
+            "adapter_version": ADAPTER_VERSION}
+
+
 def request_identity() -> dict[str, Any]:
     """The current request's ``x_request``: its id, the caller's InferenceId if sent, and the release answering it."""
-    request, state = current_request(), current()
-    digest = state.settings.image_digest
+    request = current_request()
     return {"id": request.request_id, **({"inference_id": request.inference_id} if request.inference_id else {}),
-            **({"image_digest": digest} if digest else {}),
-            "model_sha256": state.readiness.model.model_info.get("sha256"), "adapter_version": ADAPTER_VERSION}
+            **release()}
 
 
 def request_budget() -> Budget:
