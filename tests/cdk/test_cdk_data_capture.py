@@ -1,8 +1,8 @@
 """SageMaker data capture per endpoint kind (cdk.json ``<kind>.data_capture``): the EndpointConfig's
 DataCaptureConfig (sampling, input and/or output, JSON bodies, the artifact bucket's own data-capture/ prefix), the
 execution role's writes evaluated with the policy simulator (its own endpoint's part of the prefix: allowed;
-another endpoint's part or another prefix: denied), the operator's reads of them with ``endpoint_client capture``
-likewise, cdk-nag and cfn-lint clean; each refusal named by its key (a
+another endpoint's part or another prefix: denied), the capture reader's reads of them with ``endpoint_client capture``
+(data-capture/ of its own bucket only; the operator reads none), cdk-nag and cfn-lint clean; each refusal named by its key (a
 prefix outside the bucket's data-capture/ first); the shipped environments capture nothing."""
 
 from __future__ import annotations
@@ -153,10 +153,11 @@ def test_each_bad_capture_setting_is_refused_naming_its_key(capture, expected):
     assert problem.startswith(expected), problem
 
 
-def test_the_operator_may_read_back_each_capturing_endpoints_records_and_nothing_else(captured, tmp_path):
+def test_the_capture_reader_may_read_back_each_capturing_endpoints_records_and_nothing_else(captured, tmp_path):
     """``python -m endpoint_client capture`` run against moto on loopback for each capturing endpoint, its calls
-    recorded and evaluated against the synthesized operator policy with the simulator (ReadCapturedData,
-    ListCapturedData); another endpoint's part of the prefix, batch/output/ and a listing of the whole prefix denied."""
+    recorded and evaluated against the synthesized <prefix>-capture-reader policy with the simulator (the artifacts
+    stack's outputs, the data-capture/ prefix of the environment's own bucket); other prefixes, another bucket's
+    data-capture/ and a listing of the whole bucket denied; the operator policy reads no capture."""
     import boto3
 
     from endpoint_client import capture
@@ -164,7 +165,8 @@ def test_the_operator_may_read_back_each_capturing_endpoints_records_and_nothing
 
     deployment = Deployment(captured.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
     access, artifacts = captured.stack_name("access"), captured.stack_name("artifacts")
-    policy = deployment.managed_policy(access, f"{captured.prefix}-operator")
+    policy = deployment.managed_policy(access, f"{captured.prefix}-capture-reader")
+    operator = deployment.managed_policy(access, f"{captured.prefix}-operator")
     bucket = deployment.output(artifacts, "ArtifactBucketName")
     context = cdk_testkit.context_for(captured.env, edit=capturing(CAPTURES))
     context.pop("env")
@@ -199,14 +201,23 @@ def test_the_operator_may_read_back_each_capturing_endpoints_records_and_nothing
     reads = [r for op in recorder.operations if op.service == "s3" for r in role_calls.requests_of_operation(op)]
     assert {r.action for r in reads} == {"s3:ListBucket", "s3:GetObject"}
     assert len([r for r in reads if r.action == "s3:GetObject"]) == len(kinds)
+    stacks = [Request("cloudformation:DescribeStacks", f"arn:aws:cloudformation:{EXAMPLE_REGION}:{EXAMPLE_ACCOUNT}:"
+                      f"stack/{artifacts}/00000000-0000-0000-0000-000000000000", source=op.name)
+              for op in recorder.operations if op.name == "DescribeStacks"]
+    assert stacks and all(op.params == {"StackName": artifacts} for op in recorder.operations
+                          if op.name == "DescribeStacks")
 
-    def verdicts(requests):
-        return evaluate(f"arn:aws:iam::{EXAMPLE_ACCOUNT}:role/operator", EXAMPLE_ACCOUNT, requests,
-                        identity_policies=[policy])
+    def verdicts(requests, document=policy):
+        return evaluate(f"arn:aws:iam::{EXAMPLE_ACCOUNT}:role/auditor", EXAMPLE_ACCOUNT, requests,
+                        identity_policies=[document])
 
-    assert not denied(verdicts(reads)), "\n".join(denied(verdicts(reads)))
-    elsewhere = [Request("s3:GetObject", f"arn:aws:s3:::{bucket}/{key}", source="elsewhere") for key in (
-        f"data-capture/{captured.prefix}-other/AllTraffic/2026/12/07/18/x.jsonl", "batch/output/x.jsonl.out")]
+    assert not denied(verdicts(reads + stacks)), "\n".join(denied(verdicts(reads + stacks)))
+    # Captured bodies hold what callers sent: the operator policy does not read them.
+    assert all(not v.allowed for v in verdicts(reads, operator)), [v.line() for v in verdicts(reads, operator)
+                                                                    if v.allowed]
+    elsewhere = [Request("s3:GetObject", f"arn:aws:s3:::{key}", source="elsewhere") for key in (
+        f"{bucket}/batch/output/x.jsonl.out", f"{bucket}/image-digests/cpu/x",
+        f"someone-elses-bucket/data-capture/{captured.prefix}-cpu/AllTraffic/2026/12/07/18/x.jsonl")]
     elsewhere += [Request("s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": prefix}, source="elsewhere")
-                  for prefix in ("data-capture/", f"data-capture/{captured.prefix}-other/", "models/")]
+                  for prefix in ("", "models/", "batch/output/")]
     assert all(not v.allowed for v in verdicts(elsewhere)), [v.line() for v in verdicts(elsewhere) if v.allowed]
