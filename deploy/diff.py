@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from deploy import node
 from deploy.pins import EXAMPLE_REGION, completed_contexts, pin_values
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
@@ -42,8 +43,8 @@ def cli_environment() -> dict[str, str]:
     """No AWS: no credentials, no shared configuration, no metadata service; one region for both sides."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
     environment.update(AWS_REGION=EXAMPLE_REGION, AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull,
-                       AWS_SHARED_CREDENTIALS_FILE=os.devnull, JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
-    return environment
+                       AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+    return node.environment(environment)
 
 
 def git(repo: Path, *args: str, binary: bool = False) -> bytes | str:

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from deploy import service_authorization
+from deploy import node, service_authorization
 from deploy.pins import (EXAMPLE_ACCOUNT, EXAMPLE_REGION, EXAMPLE_REPOSITORY, needs_location, pins_in,
                          promote_into)
 
@@ -145,6 +145,7 @@ def documents(found: list[dict[str, Any]], limit: int = POLICY_LIMIT) -> list[di
 def synthesize(environments: list[str] | None, outdir: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Every named environment of cdk.json (all by default) synthesized as app.py does, pinned as the builds print
     pins: their templates and name prefixes."""
+    node.use_pinned_node()   # jsii, started by importing the app's aws_cdk, on the Node.js package.json pins
     import app as cdk_app
     cdk_json = json.loads((REPOSITORY_ROOT / "cdk.json").read_text())
     names = environments or list(cdk_json["context"]["environments"])

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from deploy import node
+
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 SIMULATOR = Path(__file__).resolve().parent / "iam_simulate.mjs"
 NODE_MODULES = REPOSITORY_ROOT / "node_modules"
@@ -62,7 +64,7 @@ def evaluate(principal: str, account: str, requests: Sequence[Request], *, ident
     simulations = [{"identityPolicies": list(identity_policies), "resourcePolicy": resource_policy,
                     "request": {"principal": principal, "action": r.action, "resource": r.resource,
                                 "accountId": account, "context": r.context}} for r in requests]
-    done = subprocess.run(["node", str(SIMULATOR)], input=json.dumps(simulations), capture_output=True, text=True,
+    done = subprocess.run([str(node.NODE), str(SIMULATOR)], input=json.dumps(simulations), capture_output=True, text=True,
                           cwd=REPOSITORY_ROOT, timeout=300, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"iam_simulate.mjs failed: {done.stderr[-2000:]}")

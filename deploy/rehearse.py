@@ -27,7 +27,10 @@ says localhost) and made-up credentials:
    digest and model data URL; then ``npx cdk destroy`` of prod's monitoring stack refused by its termination
    protection; and prod's copy in a second account (``prod-elsewhere``, credentials of a role assumed there):
    ``npx cdk bootstrap`` and ``deploy`` in that account, promote pinning it, its Models naming dev's digests and
-   archive, dev's repository and bucket policies naming exactly its execution roles under its account;
+   archive, dev's repository and bucket policies naming exactly its execution roles under its account; that copy is
+   placed in a VPC made in its account (cdk.json's ``vpc`` with ``create_endpoints``): its network stack's VPC
+   endpoints created there, every Model's VpcConfig naming the subnets and security group; and its cpu endpoint
+   captures data (``cpu.data_capture``): its EndpointConfig's DataCaptureConfig into its own artifact bucket;
 6. ``npx cdk destroy -c env=dev --all``: every dev stack gone, and their exports.
 
 It ends with the acceptance report of step 4.
@@ -51,10 +54,10 @@ from urllib.parse import unquote
 
 import boto3
 
-from deploy import emulator, iam_simulation
+from deploy import emulator, iam_simulation, node
 from deploy.pins import image_digest, image_manifest, pinned_cdk_json
 from endpoint_client.deployment import SERVING, Served, served_by
-from stacks.config import execution_role_name
+from stacks.config import INTERFACE_ENDPOINT_SERVICES, execution_role_name
 
 REPOSITORY_ROOT = Path(__file__).resolve().parent.parent
 CLI = REPOSITORY_ROOT / "node_modules" / ".bin" / "cdk"
@@ -178,8 +181,8 @@ class Rehearsal:
         environment.update(AWS_ENDPOINT_URL=self.url, AWS_ACCESS_KEY_ID="rehearsal",
                            AWS_SECRET_ACCESS_KEY="rehearsal", AWS_REGION=REGION, AWS_DEFAULT_REGION=REGION,
                            AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull,
-                           AWS_SHARED_CREDENTIALS_FILE=os.devnull, JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
-        return environment
+                           AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+        return node.environment(environment)
 
     def write_app(self, generation: int) -> None:
         """The app as a user has it: the same files, cdk.json pinned (image build ``generation``) and located."""
@@ -242,10 +245,11 @@ class Rehearsal:
     def stack_names(self, env: str) -> list[str]:
         """The environment's stacks: no build stack where it takes its artifacts from another (artifacts_from)."""
         environment = self.cdk_json()["context"]["environments"][env]
-        kinds = ("artifacts", "build", "monitoring", "review", "access", "endpoint-cpu", "endpoint-gpu",
+        kinds = ("artifacts", "build", "network", "monitoring", "review", "access", "endpoint-cpu", "endpoint-gpu",
                  "endpoint-text-generation")
         return [f"{environment['name_prefix']}-{kind}" for kind in kinds
-                if kind != "build" or not environment.get("artifacts_from")]
+                if (kind != "build" or not environment.get("artifacts_from"))
+                and (kind != "network" or (environment.get("vpc") or {}).get("create_endpoints"))]
 
     def endpoint_images(self, endpoint_name: str) -> tuple[str, str]:
         """(EndpointConfig name, the image of its model) of a deployed endpoint."""
@@ -384,13 +388,16 @@ class Rehearsal:
         (which reads dev); its Models name dev's image digests (dev's registry) and dev's archive, and dev's
         repository and bucket policies name exactly its execution roles, under its account's principal."""
         elsewhere = self.other_account()
-        self.cdk("bootstrap", f"aws://{OTHER_ACCOUNT}/{REGION}", "-c", f"env={OTHER_PROD}", environment=elsewhere)
-        self.promote(OTHER_PROD)
-        self.cdk("deploy", "-c", f"env={OTHER_PROD}", "--all", "--require-approval", "never", environment=elsewhere)
         session = boto3.session.Session(aws_access_key_id=elsewhere["AWS_ACCESS_KEY_ID"],
                                         aws_secret_access_key=elsewhere["AWS_SECRET_ACCESS_KEY"],
                                         aws_session_token=elsewhere["AWS_SESSION_TOKEN"], region_name=REGION)
-        cloudformation, sagemaker = (session.client(s, endpoint_url=self.url) for s in ("cloudformation", "sagemaker"))
+        cloudformation, sagemaker, ec2 = (session.client(s, endpoint_url=self.url)
+                                          for s in ("cloudformation", "sagemaker", "ec2"))
+        vpc = self.place_in_a_vpc(OTHER_PROD, ec2)
+        self.capture_data(OTHER_PROD, "cpu", {"sampling_percentage": 100})
+        self.cdk("bootstrap", f"aws://{OTHER_ACCOUNT}/{REGION}", "-c", f"env={OTHER_PROD}", environment=elsewhere)
+        self.promote(OTHER_PROD)
+        self.cdk("deploy", "-c", f"env={OTHER_PROD}", "--all", "--require-approval", "never", environment=elsewhere)
         theirs = {s["StackName"]: s for page in cloudformation.get_paginator("describe_stacks").paginate()
                   for s in page["Stacks"]}
         names = self.stack_names(OTHER_PROD)
@@ -406,6 +413,15 @@ class Rehearsal:
             for key in ("image", "model_data_url"):
                 check(getattr(served, key) == getattr(dev_served, key), f"{elsewhere_endpoint}'s Model has {key} "
                       f"{getattr(served, key)}, dev's {getattr(dev_served, key)}")
+            placed = sagemaker.describe_model(ModelName=served.model_name).get("VpcConfig")
+            check(placed == {"Subnets": vpc["subnet_ids"], "SecurityGroupIds": vpc["security_group_ids"]},
+                  f"{elsewhere_endpoint}'s Model has VpcConfig {placed}, cdk.json's vpc {vpc}")
+        created = {e["ServiceName"]: e for e in ec2.describe_vpc_endpoints(Filters=[{
+            "Name": "vpc-id", "Values": [vpc["create_endpoints"]["vpc_id"]]}])["VpcEndpoints"]}
+        wanted = {f"com.amazonaws.{REGION}.{service}" for service in (*INTERFACE_ENDPOINT_SERVICES, "s3")}
+        check(set(created) == wanted, f"the VPC's endpoints are {sorted(created)}, not {sorted(wanted)}")
+        check(created[f"com.amazonaws.{REGION}.s3"].get("RouteTableIds") == vpc["create_endpoints"]["route_table_ids"],
+              f"S3's gateway endpoint is on {created[f'com.amazonaws.{REGION}.s3'].get('RouteTableIds')}")
         roles = sorted(f"arn:aws:iam::{OTHER_ACCOUNT}:role/{execution_role_name(OTHER_PREFIX, kind)}"
                        for kind in endpoints)
         # moto's CloudFormation applies neither an ECR repository's policy nor AWS::S3::BucketPolicy (it records
@@ -428,6 +444,47 @@ class Rehearsal:
                   f"dev's {what} policy names {named} for {OTHER_ACCOUNT}, not {roles}")
         self.log(f"  {OTHER_PROD}'s {len(endpoints)} endpoints in {OTHER_ACCOUNT} run dev's image digests and model "
                  f"archive; dev's repository and bucket policies name exactly its {len(roles)} execution roles")
+        self.log(f"  {OTHER_PROD} is placed in a VPC: every Model in its {len(vpc['subnet_ids'])} subnets, its network "
+                 f"stack's {len(created)} VPC endpoints there")
+        outputs = {o["OutputKey"]: o["OutputValue"]
+                   for o in theirs[f"{OTHER_PREFIX}-artifacts"].get("Outputs", [])}
+        for kind, endpoint_name in endpoints.items():
+            served = serving(sagemaker, endpoint_name.replace("decision-dev-", f"{OTHER_PREFIX}-"))
+            capture = sagemaker.describe_endpoint_config(
+                EndpointConfigName=served.endpoint_config_name).get("DataCaptureConfig") or None
+            expected = None if kind != "cpu" else {
+                "EnableCapture": True, "InitialSamplingPercentage": 100,
+                "DestinationS3Uri": f"s3://{outputs.get('ArtifactBucketName')}/data-capture/",
+                "CaptureOptions": [{"CaptureMode": "Input"}, {"CaptureMode": "Output"}],
+                "CaptureContentTypeHeader": {"JsonContentTypes": ["application/json"]}}
+            check(capture == expected, f"{served.endpoint_name}'s EndpointConfig captures {capture}, not {expected}")
+        self.log(f"  {OTHER_PROD}'s cpu endpoint captures its requests and responses into its own artifact bucket "
+                 f"(data-capture/); the others capture nothing")
+
+    def capture_data(self, env: str, kind: str, capture: dict[str, Any]) -> None:
+        """``<kind>.data_capture`` of ``env`` set in its cdk.json as a user writes it (docs/deploy.md, Data
+        capture)."""
+        cdk_json = self.cdk_json()
+        cdk_json["context"]["environments"][env][kind]["data_capture"] = capture
+        (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+
+    def place_in_a_vpc(self, env: str, ec2: Any) -> dict[str, Any]:
+        """A VPC made for ``env`` in its account (two subnets in two zones, a security group, a route table) and
+        named in its cdk.json as a user writes it (docs/deploy.md, VPC), the network stack creating the VPC
+        endpoints: its ``vpc`` settings."""
+        vpc_id = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+        subnets = [ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.20.{index}.0/24",
+                                     AvailabilityZone=f"{REGION}{zone}")["Subnet"]["SubnetId"]
+                   for index, zone in enumerate("ab")]
+        group = ec2.create_security_group(GroupName="decision-endpoints", Description="the decision endpoints",
+                                          VpcId=vpc_id)["GroupId"]
+        table = ec2.create_route_table(VpcId=vpc_id)["RouteTable"]["RouteTableId"]
+        vpc = {"subnet_ids": subnets, "security_group_ids": [group],
+               "create_endpoints": {"vpc_id": vpc_id, "route_table_ids": [table]}}
+        cdk_json = self.cdk_json()
+        cdk_json["context"]["environments"][env]["vpc"] = vpc
+        (self.checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+        return vpc
 
     # --- the review role and the acceptance command -------------------------------------------------------------
 

@@ -16,6 +16,9 @@
   check passed) to the artifact bucket's ``acceptance/<environment>/``;
 - ``promote --from dev --to prod`` (``promote``): writes the target's pins in cdk.json from what the source's
   endpoints serve, refusing unless the source's latest acceptance report passed for exactly those digests.
+- ``capture -c env=NAME --kind cpu --since 2h [--format table|jsonl]`` (``capture``): the decisions the endpoint's
+  data capture recorded in a time window (request id, SageMaker's event id, options, the chosen option and its
+  probability), read back from the artifact bucket.
 
 ``deployment`` is what the operator commands share: cdk.json read with the CDK app's own validation, stack outputs,
 and what an endpoint serves.

@@ -1,8 +1,8 @@
 """The command line: read the request file, invoke the endpoint (endpoint_client.invoke), print the result.
 
 ``check-pins`` (endpoint_client.pins), ``preflight`` (endpoint_client.preflight), ``transform``
-(endpoint_client.transform), ``acceptance`` (endpoint_client.acceptance) and ``promote`` (endpoint_client.promote)
-as the first argument run those commands instead; each has its own --help.
+(endpoint_client.transform), ``acceptance`` (endpoint_client.acceptance), ``promote`` (endpoint_client.promote) and
+``capture`` (endpoint_client.capture) as the first argument run those commands instead; each has its own --help.
 
 Exit codes: 0 the result is printed on stdout; 1 the endpoint or SageMaker rejected the request (not retried);
 2 bad arguments or request file; 3 still failing after the last retry; 4 no AWS region or credentials.
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m endpoint_client",
         description="Send a request file to a SageMaker endpoint and print the result (retries 503 and throttling "
                     "with capped exponential backoff and full jitter). Other commands: python -m endpoint_client "
-                    "check-pins | preflight | transform | acceptance | promote --help.")
+                    "check-pins | preflight | transform | acceptance | promote | capture --help.")
     parser.add_argument("--endpoint-name", required=True, help="e.g. decision-dev-cpu (a stack output)")
     parser.add_argument("--file", required=True, type=Path,
                         help="request body, e.g. examples/support-route.json; '-' reads stdin")
@@ -96,7 +96,7 @@ def _error(message: str) -> None:
 
 COMMANDS = {"check-pins": "endpoint_client.pins", "transform": "endpoint_client.transform",
             "preflight": "endpoint_client.preflight", "acceptance": "endpoint_client.acceptance",
-            "promote": "endpoint_client.promote"}
+            "promote": "endpoint_client.promote", "capture": "endpoint_client.capture"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,9 @@ attach to work with this environment, and nothing else.
   ``preflight``, ``check-pins --protect`` and ``promote`` (from this environment) call, on this environment's
   stacks, endpoints, alarms, logs, artifact bucket and repository, plus the acceptance reports under
   ``acceptance/<environment>/`` of the artifact bucket;
+- ``<prefix>-capture-reader``, only where an endpoint kind captures data (its ``data_capture``): what ``capture``
+  reads (the artifacts stack's outputs, the bucket's ``data-capture/`` prefix); captured bodies hold what callers
+  sent, so reading them is not the operator's by default;
 - ``<prefix>-deployer``: what ``npx cdk deploy`` / ``diff`` do with the caller's own credentials: assume the CDK
   bootstrap roles of this account and region (deploy, file and image publishing, lookup), which do the rest;
 - ``<prefix>-invoker``: ``sagemaker:InvokeEndpoint`` on this environment's endpoints (fixed names,
@@ -31,8 +34,8 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.artifacts_stack import ArtifactsStack
-from stacks.config import (ACCEPTANCE_PREFIX, BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, ENDPOINT_KINDS, MODEL_PREFIX,
-                           TRANSFORM_KINDS, EnvironmentConfig)
+from stacks.config import (ACCEPTANCE_PREFIX, ADAPTER_KINDS, BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX,
+                           DATA_CAPTURE_PREFIX, ENDPOINT_KINDS, MODEL_PREFIX, TRANSFORM_KINDS, EnvironmentConfig)
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
 # The roles `cdk deploy`/`diff` assume with the caller's credentials (modern bootstrap), as the CLI names them.
@@ -43,6 +46,13 @@ BOOTSTRAP_ROLE_ARNS = {
     "lookup": cdk.DefaultStackSynthesizer.DEFAULT_LOOKUP_ROLE_ARN,
 }
 
+# Why a statement of the capture reader's policy names resources by a pattern.
+CAPTURE_READER_REASONS = {
+    "ReadCapturedData": "capture reads the objects SageMaker's data capture names per endpoint, variant, hour and "
+                        "file, under the data-capture/ prefix of this environment's own artifact bucket (read only).",
+    "ReadStackOutputs": "capture reads the artifacts stack's outputs (its bucket); CloudFormation stack ARNs end in a "
+                        "generated id.",
+}
 # Why a statement of the operator policy names resources by a pattern (cdk-nag's AwsSolutions-IAM5).
 WILDCARD_REASONS = {
     "ReadStackOutputs": "The commands read the outputs of this environment's stacks, all named <prefix>-*; "
@@ -98,10 +108,22 @@ class AccessStack(cdk.Stack):
             self, "InvokerPolicy", managed_policy_name=f"{prefix}-invoker", statements=[iam.PolicyStatement(
                 sid="InvokeEndpoints", actions=["sagemaker:InvokeEndpoint"], resources=self._endpoint_arns())],
             description=f"{prefix}: call this environment's endpoints")
-        self._acknowledge()
-        for name, policy, who in (("Operator", self.operator, "people who accept, run and check the endpoints"),
-                                  ("Deployer", self.deployer, "the pipeline (or person) that runs cdk deploy"),
-                                  ("Invoker", self.invoker, "applications that call the endpoints")):
+        self._acknowledge(self.operator, WILDCARD_REASONS)
+        # Captured requests and responses hold what callers sent: reading them is a policy of its own, made only
+        # where an endpoint kind captures data, for the people who audit decisions.
+        self.capture_reader = None
+        if any(getattr(config, kind).data_capture is not None for kind in config.endpoints if kind in ADAPTER_KINDS):
+            self.capture_reader = iam.ManagedPolicy(
+                self, "CaptureReaderPolicy", managed_policy_name=f"{prefix}-capture-reader",
+                statements=self._capture_reader_statements(),
+                description=f"{prefix}: python -m endpoint_client capture (the decisions data capture recorded)")
+            self._acknowledge(self.capture_reader, CAPTURE_READER_REASONS)
+        policies = [("Operator", self.operator, "people who accept, run and check the endpoints"),
+                    ("Deployer", self.deployer, "the pipeline (or person) that runs cdk deploy"),
+                    ("Invoker", self.invoker, "applications that call the endpoints")]
+        if self.capture_reader is not None:
+            policies.append(("CaptureReader", self.capture_reader, "people who audit the captured decisions"))
+        for name, policy, who in policies:
             cdk.CfnOutput(self, f"{name}PolicyArn", value=policy.managed_policy_arn,
                           description=f"Attach to {who} (docs/deploy.md, Who attaches which policy)")
 
@@ -243,6 +265,19 @@ class AccessStack(cdk.Stack):
             return []
         return [self._bucket_objects(MODEL_PREFIX)]
 
+    # --- the capture reader -----------------------------------------------------------------------------------
+
+    def _capture_reader_statements(self) -> list[iam.PolicyStatement]:
+        """capture: the records SageMaker's data capture wrote under data-capture/ of this environment's own bucket
+        (read only; every capture prefix is under it, stacks/config.py)."""
+        return [iam.PolicyStatement(sid="ReadCapturedData", actions=["s3:GetObject"],
+                                    resources=[self._bucket_objects(DATA_CAPTURE_PREFIX)]),
+                iam.PolicyStatement(sid="ListCapturedData", actions=["s3:ListBucket"], resources=[self._bucket_arn],
+                                    conditions={"StringLike": {"s3:prefix": [f"{DATA_CAPTURE_PREFIX}*"]}}),
+                iam.PolicyStatement(sid="ReadStackOutputs", actions=["cloudformation:DescribeStacks"],
+                                    resources=[self._arn("cloudformation", "stack",
+                                                         f"{self.config.artifacts_stack_name}/*")])]
+
     # --- the deployer ---------------------------------------------------------------------------------------------
 
     def _deployer_statements(self) -> list[iam.PolicyStatement]:
@@ -252,11 +287,10 @@ class AccessStack(cdk.Stack):
         return [iam.PolicyStatement(sid="AssumeCdkBootstrapRoles", actions=["sts:AssumeRole"], resources=[
             cdk.Fn.sub(template, {"Qualifier": qualifier}) for template in BOOTSTRAP_ROLE_ARNS.values()])]
 
-    def _acknowledge(self) -> None:
-        """cdk-nag's IAM5 for each resource with a wildcard in the operator policy, with its statement's reason."""
-        for statement in self.operator.document.to_json()["Statement"]:
+    def _acknowledge(self, policy: iam.ManagedPolicy, reasons: Mapping[str, str]) -> None:
+        """cdk-nag's IAM5 for each resource with a wildcard in the policy, with its statement's reason."""
+        for statement in policy.document.to_json()["Statement"]:
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
             for resource in resources:
                 if "*" in nag.flatten(self.resolve(resource)):
-                    nag.acknowledge(self.operator, nag.wildcard_resource_of(self, resource),
-                                    WILDCARD_REASONS[statement["Sid"]])
+                    nag.acknowledge(policy, nag.wildcard_resource_of(self, resource), reasons[statement["Sid"]])

@@ -38,6 +38,10 @@ ACCEPTANCE_PREFIX = "acceptance/"
 BATCH_INPUT_PREFIX = "batch/input/"
 BATCH_OUTPUT_PREFIX = "batch/output/"
 TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
+# SageMaker's data capture writes each endpoint's captured requests and responses under this prefix of the
+# artifact bucket (or a prefix below it that cdk.json names), as <prefix><endpoint>/<variant>/yyyy/mm/dd/hh/*.jsonl.
+DATA_CAPTURE_PREFIX = "data-capture/"
+CAPTURE_MODES = ("input", "output")
 
 ENDPOINT_KINDS = ("cpu", "gpu", "text_generation")
 # The kinds the decision adapter serves (the other is llama-server).
@@ -261,6 +265,46 @@ class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# A key prefix of S3's safe characters, ending with '/', without empty or '.'/'..' segments.
+_CAPTURE_PREFIX = re.compile(r"^(?:(?!\.{1,2}/)[A-Za-z0-9!_.*'()-]+/)+$")
+
+
+def _capture_prefix(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _problem(f"expected a key prefix under {DATA_CAPTURE_PREFIX} of the artifact bucket, got "
+                       f"{_describe(value)}")
+    if value.startswith(("s3://", "arn:", "/")) or not value.startswith(DATA_CAPTURE_PREFIX):
+        raise _problem(f"{value!r} is outside the artifact bucket's {DATA_CAPTURE_PREFIX} prefix: captured requests "
+                       f"and responses go to this environment's artifact bucket only, under {DATA_CAPTURE_PREFIX} "
+                       f"(name a key prefix such as '{DATA_CAPTURE_PREFIX}audit/', not a bucket or a URI)")
+    if not _CAPTURE_PREFIX.match(value):
+        raise _problem(f"{value!r} is not a key prefix ending with '/' of a-z A-Z 0-9 ! _ . * ' ( ) - without empty, "
+                       f"'.' or '..' parts")
+    return value
+
+
+def _capture_modes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise _problem(f"expected a list of {' and/or '.join(CAPTURE_MODES)}, got {_describe(value)}")
+    for mode in value:
+        if mode not in CAPTURE_MODES:
+            raise _problem(f"{mode!r} is not one of {', '.join(CAPTURE_MODES)}")
+    if len(set(value)) != len(value):
+        raise _problem(f"{value!r} names a mode twice")
+    return tuple(value)
+
+
+class DataCaptureSettings(_Settings):
+    """``<kind>.data_capture``: SageMaker's data capture of the endpoint's requests and responses (its
+    EndpointConfig's DataCaptureConfig), written with the execution role to the environment's own artifact bucket
+    under ``prefix`` (default ``data-capture/``; never another bucket), as JSON lines per endpoint, variant and
+    hour."""
+    # InitialSamplingPercentage: the share of requests captured.
+    sampling_percentage: Integer(1, 100)
+    capture: Annotated[tuple[str, ...], BeforeValidator(_capture_modes)] = CAPTURE_MODES
+    prefix: _checked(_capture_prefix, str) = DATA_CAPTURE_PREFIX
+
+
 class EndpointSettings(_Settings):
     """What every endpoint has: instance counts, target tracking and container timeouts."""
     initial_instance_count: Integer(1, 100)
@@ -277,6 +321,8 @@ class EndpointSettings(_Settings):
     # Auto scaling registered (ScalableTarget and target tracking). false for the one deploy that changes the
     # instance type or the pools: SageMaker refuses UpdateEndpoint on a variant registered with auto scaling.
     autoscaling: _checked(_boolean, bool) = True
+    # null: nothing captured (as cdk.json ships).
+    data_capture: DataCaptureSettings | None = None
 
     @property
     def variant_instance_types(self) -> tuple[str, ...]:
@@ -545,6 +591,70 @@ def execution_role_name(name_prefix: str, kind: str) -> str:
     return f"{name_prefix}-{kind.replace('_', '-')}-execution"
 
 
+_SUBNET_ID = re.compile(r"^subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_SECURITY_GROUP_ID = re.compile(r"^sg-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_VPC_ID = re.compile(r"^vpc-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+_ROUTE_TABLE_ID = re.compile(r"^rtb-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+# The interface endpoints (AWS PrivateLink) that an endpoint in subnets without internet access needs, by the
+# service names' last part (com.amazonaws.<region>.<service>): the image pull (ECR's API and registry), the
+# container logs and STS; and S3's gateway endpoint (the model archive, the image's layers, Batch Transform).
+INTERFACE_ENDPOINT_SERVICES = ("ecr.api", "ecr.dkr", "logs", "sts")
+
+
+class VpcEndpointSettings(_Settings):
+    """``vpc.create_endpoints``: the environment's network stack creates the VPC endpoints its endpoints need, in this
+    VPC (the one the subnets are in), the interface endpoints in ``subnet_ids`` and S3's gateway endpoint on these
+    route tables (those of the subnets). Absent: the VPC has them already (docs/deploy.md, "VPC")."""
+    vpc_id: Text(_VPC_ID, "a VPC id (vpc-<8 or 17 hex>)")
+    route_table_ids: Annotated[tuple[Text(_ROUTE_TABLE_ID, "a route table id (rtb-<8 or 17 hex>)"), ...],
+                               BeforeValidator(_list_of(1, 255, "a list of the subnets' route table ids"))]
+
+    @model_validator(mode="after")
+    def _once_each(self):
+        problems = _repeats("route_table_ids", self.route_table_ids,
+                            lambda table, first: f"{table!r} is already route table {first + 1}")
+        if problems:
+            raise _field_problems(type(self).__name__, problems)
+        return self
+# SageMaker's VpcConfig: 1 to 16 subnets, 1 to 5 security groups.
+MAX_SUBNETS, MAX_SECURITY_GROUPS = 16, 5
+# Fewer subnets than this are allowed, with a synth warning: SageMaker spreads an endpoint's instances over the
+# subnets' Availability Zones, so one subnet puts them all in one zone (docs/deploy.md, "VPC").
+RECOMMENDED_SUBNETS = 2
+
+
+class VpcSettings(_Settings):
+    """``vpc``: the subnets and security groups every Model of the environment runs in (its VpcConfig), for an
+    account whose endpoints must not leave its own network. The execution roles get what SageMaker's elastic network
+    interfaces need in exactly these subnets (stacks/endpoint_stack.py). The VPC endpoints a subnet without internet
+    access needs (S3, ECR, CloudWatch Logs, STS) are the VPC's own, or, with ``create_endpoints``, the environment's
+    network stack creates them (stacks/network_stack.py; docs/deploy.md, "VPC")."""
+    subnet_ids: Annotated[tuple[Text(_SUBNET_ID, "a subnet id (subnet-<8 or 17 hex>)"), ...], BeforeValidator(
+        _list_of(1, MAX_SUBNETS, f"a list of 1 to {MAX_SUBNETS} subnet ids ({RECOMMENDED_SUBNETS} or more, in "
+                 f"different Availability Zones, recommended)"))]
+    # Required with subnet_ids; the default only lets its absence be reported in words of its own (below).
+    security_group_ids: Annotated[tuple[Text(_SECURITY_GROUP_ID, "a security group id (sg-<8 or 17 hex>)"), ...],
+                                  BeforeValidator(_list_of(0, MAX_SECURITY_GROUPS,
+                                                           f"a list of 1 to {MAX_SECURITY_GROUPS} security group "
+                                                           f"ids"))] = ()
+    create_endpoints: VpcEndpointSettings | None = None
+
+    @model_validator(mode="after")
+    def _placed_whole(self):
+        problems = _repeats("subnet_ids", self.subnet_ids, lambda subnet, first: f"{subnet!r} is already subnet "
+                                                                               f"{first + 1}")
+        problems += _repeats("security_group_ids", self.security_group_ids,
+                             lambda group, first: f"{group!r} is already security group {first + 1}")
+        if not self.security_group_ids:
+            problems.append((("security_group_ids",), f"is required with {{key:subnet_ids}}: SageMaker attaches 1 "
+                             f"to {MAX_SECURITY_GROUPS} security groups to the network interfaces it creates in "
+                             f"those subnets (their rules must allow HTTPS to the VPC endpoints of S3, ECR, "
+                             f"CloudWatch Logs and STS; docs/deploy.md, VPC)", None))
+        if problems:
+            raise _field_problems(type(self).__name__, problems)
+        return self
+
+
 class ArtifactSource(_Settings):
     """The environment named by ``artifacts_from``, as far as its consumer needs it (read by load_environment)."""
     name: str
@@ -613,6 +723,9 @@ class EnvironmentConfig(_Settings):
     monitoring: MonitoringSettings = MonitoringSettings()
     review: ReviewSettings
     bootstrap: BootstrapSettings = BootstrapSettings()
+    # null: the endpoints run in SageMaker's own network (the default); else the subnets and security groups of
+    # every Model (VpcConfig).
+    vpc: VpcSettings | None = None
     # SageMaker's one log group for every transform job of the account and region, /aws/sagemaker/TransformJobs:
     # created (with retention and the logs key) by this environment's artifacts stack, or (false) left to another
     # environment of the same account and region. Unset: as create_oidc_provider, per account and region.
@@ -793,7 +906,7 @@ def load_environment(environments: Any, env_name: Any, *, model_pins: Sequence[s
         raise ConfigError([_message(root, problem) for problem in error.errors()] + shared) from None
     source, source_problems = _artifact_source(environments, config)
     consumers, consumer_problems = _artifact_consumers(environments, config)
-    problems = shared + source_problems + consumer_problems
+    problems = shared + source_problems + consumer_problems + _vpc_endpoint_problems(environments, config)
     if problems:
         raise ConfigError(problems)
     # Every setting below reads a decided true or false.
@@ -874,6 +987,22 @@ def _artifact_consumers(environments: Mapping[str, Any],
             name=name, account=found["account"] or config.account, region=found["region"] or config.region,
             name_prefix=found["name_prefix"], endpoint_kinds=tuple(dict.fromkeys(kinds))))
     return tuple(consumers), problems
+
+
+def _vpc_endpoint_problems(environments: Mapping[str, Any], config: EnvironmentConfig) -> list[str]:
+    """Two environments that both create the VPC endpoints of one VPC collide: private DNS allows one interface
+    endpoint per service and VPC, so the second network stack fails to deploy."""
+    if config.vpc is None or config.vpc.create_endpoints is None:
+        return []
+    vpc_id = config.vpc.create_endpoints.vpc_id
+    others = [name for name, data in environments.items()
+              if name != config.name and _get(data, "vpc", "create_endpoints", "vpc_id") == vpc_id]
+    if not others:
+        return []
+    also = ", ".join(f"environments.{name}.vpc.create_endpoints" for name in others)
+    return [f"{config.key('vpc', 'create_endpoints', 'vpc_id')}: {vpc_id} is also {also}'s VPC: a VPC has one "
+            f"interface endpoint per service with private DNS, so one environment creates them and the others use "
+            f"them (remove create_endpoints from every environment of that VPC but one)"]
 
 
 def _retains(data: Any) -> bool:

@@ -30,7 +30,7 @@ class SageMakerEndpoint(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, image_uri: str,
                  model_data_url: str, execution_role: iam.IRole, volume_key: kms.IKey | None,
                  alarm_topic: sns.ITopic, log_retention_days: int, log_key: kms.IKey, retain_logs: bool,
-                 tags: dict[str, str]) -> None:
+                 tags: dict[str, str], capture_destination: str | None = None) -> None:
         super().__init__(scope, construct_id)
         variant = spec.variant
         if volume_key is not None and variant.has_instance_storage:
@@ -81,6 +81,11 @@ class SageMakerEndpoint(Construct):
             enable_network_isolation=True,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
                 image=image_uri, model_data_url=model_data_url, environment=spec.environment),
+            # cdk.json's vpc: SageMaker places the instances' network interfaces in these subnets with these
+            # security groups, and pulls the image and the archive through them (the execution role may manage
+            # interfaces there: stacks/endpoint_stack.py).
+            vpc_config=None if spec.vpc is None else sagemaker.CfnModel.VpcConfigProperty(
+                subnets=list(spec.vpc.subnet_ids), security_group_ids=list(spec.vpc.security_group_ids)),
             tags=cfn_tags,
         )
         # CreateModel checks that the role can read the image and the archive: its policy must exist first.
@@ -104,9 +109,21 @@ class SageMakerEndpoint(Construct):
             routing_config=sagemaker.CfnEndpointConfig.RoutingConfigProperty(
                 routing_strategy=variant.routing_strategy) if variant.routing_strategy else None,
         )
+        capture = spec.settings.data_capture
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self, "EndpointConfig", production_variants=[production_variant],
-            kms_key_id=volume_key.key_arn if volume_key is not None else None, tags=cfn_tags)
+            kms_key_id=volume_key.key_arn if volume_key is not None else None,
+            # cdk.json's <kind>.data_capture: the sampled requests and responses, written by SageMaker with the
+            # execution role under capture_destination (the artifact bucket's data-capture/ prefix), as JSON text
+            # (the adapter's and llama-server's bodies are application/json), not base64.
+            data_capture_config=None if capture is None else sagemaker.CfnEndpointConfig.DataCaptureConfigProperty(
+                enable_capture=True, initial_sampling_percentage=capture.sampling_percentage,
+                destination_s3_uri=capture_destination,
+                capture_options=[sagemaker.CfnEndpointConfig.CaptureOptionProperty(capture_mode=mode.capitalize())
+                                 for mode in capture.capture],
+                capture_content_type_header=sagemaker.CfnEndpointConfig.CaptureContentTypeHeaderProperty(
+                    json_content_types=["application/json"])),
+            tags=cfn_tags)
 
         self.endpoint = sagemaker.CfnEndpoint(
             self, "Endpoint", endpoint_name=spec.endpoint_name,

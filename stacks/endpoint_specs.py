@@ -50,7 +50,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from stacks import instance_types, sizing, updates
 from stacks.adapter_logs import metric_logs
 from stacks.config import (ADAPTER_KINDS, TRANSFORM_KINDS, ConfigError, EndpointSettings, EnvironmentConfig, ImagePin,
-                           ModelPin)
+                           ModelPin, VpcSettings)
 
 VARIANT_NAME = "AllTraffic"
 # How long SageMaker watches the alarms after each traffic shift (and before it terminates the old fleet): every
@@ -202,6 +202,7 @@ class EndpointSpec:
     serves_batch_transform: bool       # its Model takes Batch Transform jobs (config.TRANSFORM_KINDS)
     log_metrics: tuple[LogMetric, ...] = ()
     alarms: tuple[AlarmSpec, ...] = field(default=())
+    vpc: VpcSettings | None = None     # the environment's subnets and security groups (the Model's VpcConfig)
 
     @property
     def deployable(self) -> bool:
@@ -320,13 +321,16 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
     alarms = _alarms(endpoint_name, variant, utilization, adapter_namespace=namespace if adapter else None,
                      slow_release_ms_per_token=slow_release)
     _check_rollback_windows(config, kind, alarms, deployment)
+    if adapter and image is not None:
+        # The adapter names its image in every answer's x_request (a captured record says which release answered).
+        environment = {**environment, "ADAPTER_IMAGE_DIGEST": image.digest}
     return EndpointSpec(
         kind=kind, settings_key=config.key(kind), slug=slug, title=title, endpoint_name=endpoint_name,
         stack_name=config.endpoint_stack_name(kind), enabled=kind in config.endpoints, missing_pins=missing,
         image=image, model=config.pins.model, settings=settings, variant=variant, environment=environment,
         scaling_target=settings.scaling_target, deployment=deployment,
         serves_batch_transform=kind in TRANSFORM_KINDS,
-        log_metrics=log_metrics, alarms=alarms)
+        log_metrics=log_metrics, alarms=alarms, vpc=config.vpc)
 
 
 def _check_rollback_windows(config: EnvironmentConfig, kind: str, alarms: tuple[AlarmSpec, ...],

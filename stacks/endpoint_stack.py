@@ -3,7 +3,9 @@
 The execution role has a fixed name (``<prefix>-<kind>-execution``) and may read exactly the pinned model archive
 and pull from exactly the pinned image's repository: this environment's, or, for an environment whose
 ``artifacts_from`` names another, the source's repository and bucket that the pins name in full (the source's
-resource policies allow these roles, stacks/artifacts_stack.py).
+resource policies allow these roles, stacks/artifacts_stack.py). Where cdk.json places the environment in a VPC
+(``vpc``), the role may create and manage network interfaces in its subnets only; where the kind captures data
+(``<kind>.data_capture``), it may write under its own endpoint's part of the artifact bucket's capture prefix only.
 
 Each endpoint kind has a stack of its own, so that a failed GPU deployment (an instance quota of 0 is common;
 pools fall back on capacity, not on quota) rolls back that stack alone, and each can be deployed, diffed and
@@ -28,7 +30,7 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.artifacts_stack import ArtifactsStack
-from stacks.config import BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, TRANSFORM_LOG_GROUP
+from stacks.config import BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX, RECOMMENDED_SUBNETS, TRANSFORM_LOG_GROUP
 from stacks.endpoint import SageMakerEndpoint
 from stacks.endpoint_specs import INSTANCE_NAMESPACE, TRANSFORM_INSTANCE_NAMESPACE, EndpointSpec
 
@@ -53,6 +55,12 @@ class EndpointStack(cdk.Stack):
                 f"Auto scaling of the {spec.kind} endpoint is detached ({spec.settings_key}.autoscaling is false): its "
                 f"fleet stays at the instance count it has. Set it back to true once the instance type or pool "
                 f"change is deployed (docs/deploy.md, Change the instance type or the pools).")
+        if spec.deployable and spec.vpc is not None and len(spec.vpc.subnet_ids) < RECOMMENDED_SUBNETS:
+            cdk.Annotations.of(self).add_warning_v2(
+                f"decision-models:one-subnet-{spec.kind}",
+                f"The {spec.kind} endpoint's instances all run in one Availability Zone: vpc.subnet_ids names one "
+                f"subnet. Name {RECOMMENDED_SUBNETS} or more, in different zones, so that an endpoint of 2 or more "
+                f"instances survives a zone's outage (docs/deploy.md, VPC).")
         if not spec.deployable:
             # A template needs one resource. This one does nothing and costs nothing; it keeps the stack
             # deployable (and diffable) until the endpoint is listed and pinned.
@@ -84,6 +92,8 @@ class EndpointStack(cdk.Stack):
                         + " and ".join(namespaces) + ")"]
         if spec.serves_batch_transform:
             self._grant_batch_transform(role)
+        if spec.vpc is not None:
+            acknowledged.append(self._grant_network_interfaces(role))
         nag.acknowledge(role, "AwsSolutions-IAM5[Resource::*]",
                         f"{' and '.join(acknowledged)} have no resource-level permissions; the services require "
                         "Resource '*'. Image pulls are limited to the pinned image's repository.")
@@ -97,8 +107,10 @@ class EndpointStack(cdk.Stack):
                 removal_policy=cdk.RemovalPolicy.DESTROY,
                 description=f"{name_prefix}: encrypts the EBS volumes of the {spec.title} endpoint")
 
+        capture_destination = self._grant_data_capture(role) if spec.settings.data_capture is not None else None
         self.endpoint = SageMakerEndpoint(
             self, "Endpoint", spec=spec, image_uri=self._image_uri(), execution_role=role,
+            capture_destination=capture_destination,
             model_data_url=f"s3://{model.bucket or artifacts.bucket.bucket_name}/{model.s3_key}",
             volume_key=self.volume_key,
             alarm_topic=alarm_topic, log_retention_days=log_retention_days,
@@ -112,6 +124,50 @@ class EndpointStack(cdk.Stack):
         if spec.serves_batch_transform:
             cdk.CfnOutput(self, "TransformInstanceType", value=spec.variant.instance_types[0],
                           description="python -m endpoint_client transform uses it unless --instance-type is given")
+
+    def _grant_network_interfaces(self, role: iam.Role) -> str:
+        """What SageMaker does with the role to place the instances in cdk.json's subnets (the Model's VpcConfig):
+        create an elastic network interface per instance in one of the subnets with the security groups, let its
+        own service account use it (a permission on the interface), and delete both when the instance goes; the
+        describe calls check the subnets, groups and the VPC's DHCP options. Interfaces are created and managed only
+        in these subnets; the describe calls have no resource-level permissions. What the acknowledgment of the
+        role's '*' resources says of them is returned."""
+        vpc = self.spec.vpc
+        subnets = [self.format_arn(service="ec2", resource="subnet", resource_name=s) for s in vpc.subnet_ids]
+        groups = [self.format_arn(service="ec2", resource="security-group", resource_name=g)
+                  for g in vpc.security_group_ids]
+        interfaces = self.format_arn(service="ec2", resource="network-interface", resource_name="*")
+        role.add_to_policy(iam.PolicyStatement(
+            sid="CreateNetworkInterfacesInTheSubnets", actions=["ec2:CreateNetworkInterface"],
+            resources=[interfaces, *subnets, *groups]))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ManageNetworkInterfacesInTheSubnets",
+            actions=["ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface"],
+            resources=[interfaces], conditions={"ArnEquals": {"ec2:Subnet": subnets}}))
+        describe = ["ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs", "ec2:DescribeDhcpOptions",
+                    "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]
+        role.add_to_policy(iam.PolicyStatement(
+            sid="DescribeTheNetwork", actions=[*describe, "ec2:DeleteNetworkInterfacePermission"], resources=["*"]))
+        nag.acknowledge(role, nag.wildcard_resource_of(self, interfaces),
+                        "SageMaker creates one network interface per instance, named by EC2 when created; the role may "
+                        "create interfaces only in cdk.json's subnets with its security groups, and manage only "
+                        "interfaces in those subnets (ec2:Subnet).")
+        return ("the EC2 describe calls SageMaker makes to place instances in a VPC and "
+                "ec2:DeleteNetworkInterfacePermission (a permission is named by its own id, not by an interface)")
+
+    def _grant_data_capture(self, role: iam.Role) -> str:
+        """SageMaker writes the endpoint's captured requests and responses with the execution role, as
+        <destination><endpoint>/<variant>/yyyy/mm/dd/hh/<file>.jsonl: the role may put objects under its own
+        endpoint's part of the capture prefix of the artifact bucket, nothing else there. The destination URI is
+        returned."""
+        capture, artifacts = self.spec.settings.data_capture, self._artifacts
+        own = f"{capture.prefix}{self.spec.endpoint_name}/*"
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteCapturedData", actions=["s3:PutObject"], resources=[artifacts.bucket_objects_arn(own)]))
+        nag.acknowledge(role, artifacts.bucket_objects_finding(own),
+                        "SageMaker's data capture names its objects per variant, hour and file; the role may only put "
+                        f"objects under this endpoint's part of the {capture.prefix} prefix of the artifact bucket.")
+        return f"s3://{artifacts.bucket.bucket_name}/{capture.prefix}"
 
     def _grant_batch_transform(self, role: iam.Role) -> None:
         artifacts = self._artifacts

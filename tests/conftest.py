@@ -26,6 +26,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from deploy import node
+
+# jsii (started by the first aws_cdk import: tests/cdk, tests/deploy) and every node the tests spawn run on the
+# Node.js LTS package.json pins, as the Makefile's PATH and npx give it to the CLI (deploy/node.py).
+node.use_pinned_node()
+
 BUILD = Path(__file__).resolve().parents[1] / "benchmarks" / "build-llama-server.sh"
 _build: subprocess.Popen | None = None
 

@@ -187,6 +187,14 @@ class Settings:
         "reaches the engine fails, answered 500 'scoring failed' and logged as a scoring failure) or slow (every "
         "decode step takes twice its time, and a job's compute time says so). off in any real deployment.")
 
+    # Release
+    image_digest: str = setting("ADAPTER_IMAGE_DIGEST", "",
+                                "The digest (sha256:...) of the image this container runs, as the endpoint stacks pin "
+                                "it (they set it on the Model); every answer's x_request names it beside the model's "
+                                "sha256, so that a captured record says which release answered. Empty: not known "
+                                "(make run, tests), and x_request leaves it out.",
+                                pattern=r"^(sha256:[0-9a-f]{64})?$")
+
     # Access
     api_key: str = setting("ADAPTER_API_KEY", "",
                            "Bearer key required on /invocations and /v1/* when set; empty means no key is "

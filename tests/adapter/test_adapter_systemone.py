@@ -34,7 +34,7 @@ def test_each_question_type_answers_in_the_system_one_shape(client):
     body = response.get_json()
     assert body["model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert set(body) - {"model", "answers", "usage"} == {"x_evaluated_tokens", "x_cached_tokens", "x_timing",
-                                                         "x_model"}
+                                                         "x_model", "x_request"}
     assert body["x_model"] == {"kind": "chat", "rules": "decision-adapter (its own prompt and readout)"}
     assert body["usage"]["output_tokens"] == 0 and isinstance(body["usage"]["input_tokens"], int)
     assert body["usage"]["input_tokens"] > 3 * 60

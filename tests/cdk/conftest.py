@@ -1,13 +1,8 @@
 """Fixtures for tests/cdk: each environment synthesized once (cdk_testkit caches per session)."""
 
-import os
-
 import pytest
 
-# As in app.py: jsii's Node.js runtime would print an end-of-life banner on Node 20.
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
-import cdk_testkit  # noqa: E402
+import cdk_testkit
 
 
 @pytest.fixture(scope="module")

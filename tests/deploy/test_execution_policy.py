@@ -14,7 +14,6 @@ import pytest
 from deploy import execution_policy, service_authorization
 from deploy.iam_simulation import Request, denied, evaluate
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 ACCOUNT, REGION = "111122223333", "eu-west-1"
 PRINCIPAL = f"arn:aws:iam::{ACCOUNT}:role/cdk-hnb659fds-cfn-exec-role-{ACCOUNT}-{REGION}"
 APP_IAM = ("role", "policy", "oidc-provider")

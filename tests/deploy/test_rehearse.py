@@ -33,6 +33,12 @@ def test_the_rehearsal_passes():
     assert "  prod's 3 endpoints run dev's image digests and model archive; no prod build stack" in steps
     assert any(s.startswith("  npx cdk destroy -c env=prod decision-prod-monitoring") and "exit 1" in s
                for s in steps)
+    # prod's copy in another account is placed in a VPC made there: its Models in the subnets, its network stack's
+    # five VPC endpoints in the VPC (cdk.json's vpc with create_endpoints).
+    assert "  prod-elsewhere is placed in a VPC: every Model in its 2 subnets, its network stack's 5 VPC endpoints " \
+           "there" in steps
+    assert "  prod-elsewhere's cpu endpoint captures its requests and responses into its own artifact bucket " \
+           "(data-capture/); the others capture nothing" in steps
     # The review role allows every call the CLI made for the diff (moto's recording, evaluated by iam-simulate).
     assert any(s.startswith("  the diff's ") and "are allowed by decision-dev-cdk-diff" in s for s in steps)
     # With the caller's own credentials the CLI only assumes bootstrap roles, which the deployer policy allows.

@@ -77,6 +77,14 @@ def test_every_action_is_on_a_node24_release():
                 assert int(re.fullmatch(r"v(\d+)", version)[1]) >= NODE24_MAJORS[name], step["uses"]
 
 
+def test_the_runner_node_is_the_lts_line_package_json_pins():
+    """npx runs the CLI (and its app's jsii) on node_modules/.bin/node, the binary package.json pins; the runner's
+    own Node, which runs npm and npx, is the same supported LTS line, never an end-of-life one."""
+    from deploy import node
+    setup = uses("diff", "actions/setup-node")["with"]
+    assert str(setup["node-version"]) == node.pinned_version().split(".")[0]
+
+
 def test_each_environment_is_diffed_by_the_pinned_cli_against_the_deployed_templates():
     (setup,) = [s for s in steps() if s.get("name") == "The CDK app's packages and the pinned CLI"]
     assert setup["run"] == "make .venv/.cdk node_modules/.installed"     # npm ci of package-lock.json

@@ -24,8 +24,8 @@ from ..errors import Failure, InputError, Loc
 from . import dry_run
 from .orderings import Orderings, answered_orderings
 from .call import Answer, Call
-from .fields import DEBIAS_DESCRIPTION, DebiasName, NonEmptyName, NonEmptyText, RequestContext, StrictModel, Text, \
-    check_json, printable
+from .fields import DEBIAS_DESCRIPTION, X_REQUEST_DESCRIPTION, DebiasName, NonEmptyName, NonEmptyText, RequestContext, \
+    RequestIdentity, StrictModel, Text, check_json, printable
 
 
 def _state_type(value: Any) -> Any:
@@ -398,11 +398,13 @@ class TimedResult(DecisionResult):
 
 class DecisionResponse(Response):
     result: TimedResult
+    x_request: RequestIdentity | None = Field(None, description=X_REQUEST_DESCRIPTION)
 
 
 class DecisionsResponse(Response):
     results: list[DecisionResult]
     timing: SharedTiming
+    x_request: RequestIdentity | None = Field(None, description=X_REQUEST_DESCRIPTION)
 
 
 class Error(Response):
@@ -427,3 +429,4 @@ class DryRunResponse(Response):
     """x_dry_run: what the request would do now; nothing was decoded."""
 
     dry_run: DryRunReport
+    x_request: RequestIdentity | None = Field(None, description=X_REQUEST_DESCRIPTION)

@@ -1,4 +1,5 @@
-"""Field types both protocols' request models share: text the model can read, JSON values, the context.
+"""Field types both protocols' request models share: text the model can read, JSON values, the context; and the
+``x_request`` both protocols' answers carry (``RequestIdentity``).
 
 Every string of a request is checked here once, where pydantic validates it, so that the error names
 the field: a lone UTF-16 surrogate (``"\\ud800"`` in JSON) is not text and cannot be tokenized or
@@ -252,3 +253,25 @@ DEBIAS_DESCRIPTION = ("Content-free calibration (default ADAPTER_DEBIAS): 'off',
                       "temperature; a question whose state is that content-free input is answered as with 'off'. "
                       + "; ".join(
                           f"'{m.name}': {m.description}" for m in MODES.values()) + ".")
+
+
+class RequestIdentity(BaseModel):
+    """``x_request`` of every answer: which request this is and which release answered it, in the body, where
+    SageMaker's data capture records it (it records bodies, not headers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="The request's id: its X-Request-Id header (the caller's, else its SageMaker "
+                                "InferenceId, else a new one) and its log line's request_id.")
+    inference_id: str | None = Field(None, description="The InferenceId the caller gave SageMaker's InvokeEndpoint "
+                                                       "(the X-Amzn-SageMaker-Inference-Id header; data capture's "
+                                                       "eventMetadata.inferenceId), when sent.")
+    image_digest: str | None = Field(None, description="The digest of the image that answered (ADAPTER_IMAGE_DIGEST, "
+                                                       "which the endpoint stacks set from the pinned image), when "
+                                                       "known.")
+    model_sha256: str | None = Field(description="The SHA-256 of the GGUF that answered (as in the model identity).")
+    adapter_version: str = Field(description="The decision adapter's version.")
+
+
+X_REQUEST_DESCRIPTION = ("This request's id (the X-Request-Id header and the log line's request_id) and the release "
+                         "that answered it, in the body so that a data capture record joins its log line.")

@@ -26,8 +26,8 @@ from ..errors import Failure, InputError, Loc
 from . import dry_run
 from .orderings import Orderings, answered_orderings
 from .call import Answer, Call
-from .fields import (DEBIAS_DESCRIPTION, DebiasName, RequestContext, Structured, check_json, names_shown, printable,
-                     string_problem)
+from .fields import (DEBIAS_DESCRIPTION, X_REQUEST_DESCRIPTION, DebiasName, RequestContext, RequestIdentity, Structured,
+                     check_json, names_shown, printable, string_problem)
 
 ALIAS = "jev-latest"
 MAX_SCORE_LEVELS = 10
@@ -490,6 +490,7 @@ class SystemOneResponse(Response):
                                                 "tokens and label paths, and the priors' (x_prior_tokens); not those "
                                                 "the cache served.")
     x_timing: SystemOneTiming
+    x_request: RequestIdentity | None = Field(None, description=X_REQUEST_DESCRIPTION)
     x_cached_tokens: int | None = Field(None, description="Prompt tokens an earlier request evaluated, taken "
                                                          "from the state cache.")
     x_prior_tokens: int | None = Field(None, description="Tokens decoded for the priors of debiased answers "
@@ -545,3 +546,4 @@ class SystemOneDryRunResponse(Response):
 
     model: str
     x_dry_run: SystemOneDryRun
+    x_request: RequestIdentity | None = Field(None, description=X_REQUEST_DESCRIPTION)

@@ -3,8 +3,9 @@
 ``create_app(settings=None, engine=None)`` builds it. Without an engine the model loads in a
 background thread, so that /ping can answer 503 while it loads; with an injected engine (tests) it
 loads before ``create_app`` returns. Each blueprint owns its routes and error shape; the app
-adds the request id, the one log line per request, and the errors routing raises before any blueprint
-is chosen (404, and 405 with its ``Allow`` header), in the shape of the blueprint the path belongs to.
+adds the request id (in the ``X-Request-Id`` header, the log line and every answer's ``x_request``), the one log
+line per request, and the errors routing raises before any blueprint is chosen (404, and 405 with its ``Allow``
+header), in the shape of the blueprint the path belongs to.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ..settings import Settings
 from ..startup import Readiness, load_into
 from . import sagemaker, systemone
 from .admission import Admission
-from .inflight import ARRIVAL, begin, current_request
+from .calls import release
+from .inflight import ARRIVAL, INFERENCE_ID_HEADER, begin, current_request
 from .logs import log_request
 from .state import EXTENSION, AdapterState
 
@@ -43,15 +45,23 @@ def create_app(settings: Settings | None = None, engine: Any = None, *, defer_lo
 
     @app.before_request
     def start() -> None:
-        """The request begins, before its body is read; its deadline counts from its arrival (``inflight``)."""
-        begin(request.headers.get("X-Request-Id") or uuid.uuid4().hex, request.environ.get(ARRIVAL))
+        """The request begins, before its body is read; its deadline counts from its arrival (``inflight``). Its id
+        is the caller's ``X-Request-Id``, else the ``InferenceId`` the caller gave SageMaker's InvokeEndpoint
+        (forwarded as ``X-Amzn-SageMaker-Inference-Id``, and what data capture records as ``inferenceId``), else a
+        new one; the inference id, when sent, joins the log line and the body's ``x_request`` as well."""
+        inference_id = request.headers.get(INFERENCE_ID_HEADER) or None
+        in_flight = begin(request.headers.get("X-Request-Id") or inference_id or uuid.uuid4().hex,
+                          request.environ.get(ARRIVAL))
+        in_flight.inference_id = inference_id
 
     @app.after_request
     def log_it(response: Response) -> Response:
         in_flight = current_request()
         response.headers["X-Request-Id"] = in_flight.request_id if in_flight else ""
         if request.endpoint != "sagemaker.ping" and in_flight is not None:
-            log_request({"request_id": in_flight.request_id, "method": request.method, "path": request.path,
+            inference = {"inference_id": in_flight.inference_id} if in_flight.inference_id else {}
+            log_request({"request_id": in_flight.request_id, **inference, **release(), "method": request.method,
+                         "path": request.path,
                          "status": response.status_code, "total_s": round(time.perf_counter() - in_flight.started, 6),
                          **dict.fromkeys(COUNT_FIELDS, 0), **in_flight.log})
         return response

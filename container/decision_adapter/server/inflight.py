@@ -19,11 +19,14 @@ from flask import g
 _KEY = "in_flight"
 # The WSGI environ's key for the request's arrival: (``time.monotonic()``, ``time.perf_counter()``), set by the worker.
 ARRIVAL = "decision_adapter.arrival"
+# The header SageMaker forwards InvokeEndpoint's InferenceId in (data capture records it as eventMetadata.inferenceId).
+INFERENCE_ID_HEADER = "X-Amzn-SageMaker-Inference-Id"
 
 
 @dataclass
 class InFlight:
     request_id: str
+    inference_id: str | None = None  # the caller's InferenceId (SageMaker's X-Amzn-SageMaker-Inference-Id), if sent
     started: float = field(default_factory=time.perf_counter)  # what the log line's total_s counts from
     arrived: float = field(default_factory=time.monotonic)  # what the request's deadline counts from
     admitted: bool = False  # holds a place in admission (given back when the request ends)
