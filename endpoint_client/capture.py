@@ -73,11 +73,11 @@ def parse_time(text: str, now: datetime) -> datetime:
 
 
 def day_prefixes(base: str, since: datetime, until: datetime) -> Iterator[tuple[str, datetime]]:
-    """Each day's prefix under ``base`` from the hour before ``since`` (a record written in the next hour's object
-    may have arrived before it) to ``until``, with the first hour of that day the window needs."""
+    """Each day's prefix under ``base`` from the hour before ``since`` (slack) to the hour after ``until`` (an object
+    is filed under the hour it was written, after its records), with the first hour of that day the window needs."""
     start = (since - timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
     day = start.replace(hour=0)
-    while day <= until:
+    while day <= until + timedelta(hours=1):
         yield f"{base}{day:%Y/%m/%d}/", max(start, day)
         day += timedelta(days=1)
 

@@ -202,3 +202,10 @@ def test_relative_times_count_back_from_now():
     assert capture.parse_time("2h", now) == datetime(2026, 12, 7, 16, 30, tzinfo=timezone.utc)
     assert capture.parse_time("2026-12-07T18:00:00", now) == datetime(2026, 12, 7, 18, tzinfo=timezone.utc)
     assert capture.parse_time("2026-12-07T19:00:00+01:00", now) == datetime(2026, 12, 7, 18, tzinfo=timezone.utc)
+
+
+def test_the_hour_after_the_window_is_listed_across_midnight():
+    """A record of 23:50 may be in the object SageMaker files under the next day's hour 00."""
+    since, until = (datetime(2026, 12, 7, 23, 0, tzinfo=timezone.utc), datetime(2026, 12, 7, 23, 59,
+                                                                                  tzinfo=timezone.utc))
+    assert [prefix for prefix, _ in capture.day_prefixes("p/", since, until)] == ["p/2026/12/07/", "p/2026/12/08/"]
