@@ -506,6 +506,15 @@ class LetterPreparer:
         shared = common_prefix(prompts)
         return [min(shared, len(p) - 1) for p in prompts]
 
+    def within_budget(self, questions: Sequence[Question]) -> None:
+        """Raise what ``prepare`` raises from its bound below the request's work, rendering no prompt with the
+        state: the search for the largest number of orderings that would fit asks this (a bound below the work:
+        the number it finds is at most what fits, and its refusal says "at most")."""
+        first = questions[0]
+        where = first.loc[:-1] if len(questions) > 1 else first.loc
+        self._bound_below(questions, [self._orders(q) for q in questions],
+                          Budget(self.limits.max_request_tokens, where))
+
     def _bound_below(self, questions: Sequence[Question], shown: Sequence[Sequence[Sequence[Shown]]],
                      budget: Budget) -> None:
         """Refuse a request whose work, bounded from below without rendering its state into any prompt, is over

@@ -283,8 +283,8 @@ class DecisionModel:
                                                      else None for q in questions))
         asked = max((q.permutations or 1 for q in questions), default=1)
         if asked > 1:
-            found = largest_fitting(asked - 1, lambda k: self._fitting(
-                [replace(q, permutations=min(k, q.permutations or 1)) for q in questions], None))
+            found = largest_fitting(asked - 1, lambda k: self.preparer.within_budget(
+                [replace(q, permutations=min(k, q.permutations or 1)) for q in questions]))
             fits = (f"at most {found[0]} orderings would fit" if found is not None
                     else "not even one ordering would fit")
             raise InputError(refused.loc, f"{refused.msg}, with the {asked} orderings the request asks for "
@@ -375,7 +375,7 @@ class DecisionModel:
 ORDERINGS_MATTER = ("value_error.request_too_long", "value_error.request_too_slow")
 
 
-def largest_fitting(most: int, attempt: Any) -> tuple[int, Prepared] | None:
+def largest_fitting(most: int, attempt: Any) -> tuple[int, Any] | None:
     """The largest k in 1 .. ``most`` for which ``attempt(k)`` prepares (and its result), by bisection: work grows
     with the orderings, so whatever fits with k fits with fewer. None when even 1 does not. Any refusal other than
     those fewer orderings can lift goes up."""

@@ -354,6 +354,11 @@ class Preparer:
                         tuple(owners), tuple(digests), spec, plan, modes, permutations, tuple(priors),
                         frozenset(no_prior), where)
 
+    def within_budget(self, questions: Sequence[Question]) -> None:
+        """Raise what ``prepare`` raises for ``questions`` (the state's tokens are shared by every prompt here, so
+        preparing is already linear in the request: no cheaper bound is needed)."""
+        self.prepare(questions)
+
     def _priors(self, questions: Sequence[Question], modes: Sequence[DebiasMode], tokens: list[tuple[int, ...]],
                 tries: list[LabelTrie], orders: list[tuple[int, ...]], owners: list[int], span: tuple[int, int],
                 where: Loc, budget: Budget, stems: list[int]) -> tuple[list[PriorJob], set[int]]:
