@@ -50,14 +50,16 @@ def starts_llama(path: Path) -> bool:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's own scopes, but one scope for every test that starts llama.cpp: one worker runs them all, one at a
-    time, and the others share the rest test by test. (xdist's loadgroup marks do the same through the test ids,
+    """xdist's own scopes (a module's tests together, in order), but one scope for every test that starts
+    llama.cpp: one worker runs them all, one at a time, and the others share the rest module by module. (xdist's loadgroup marks do the same through the test ids,
     which pytest 9 no longer lets a plugin rename; the scheduler's hook is xdist's documented way.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class OneLlamaWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "llama.cpp" if starts_llama(TESTS.parent / nodeid.split("::", 1)[0]) else nodeid
+            if starts_llama(TESTS.parent / nodeid.split("::", 1)[0]):
+                return "llama.cpp"
+            return super()._split_scope(nodeid)  # its module: moto's one state per process meets its tests in order
 
     return OneLlamaWorker(config, log)
 

@@ -182,21 +182,35 @@ def test_the_capture_reader_may_read_back_each_capturing_endpoints_records_and_n
         for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                             "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}.items():
             patch.setenv(name, value)
+        # moto's state is one per process, shared with every other moto server of the session: this test makes
+        # its bucket and stack anew (another test may have left ones of the same names) and removes them after.
         s3 = boto3.client("s3", region_name=EXAMPLE_REGION, endpoint_url=url)
-        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": EXAMPLE_REGION})
-        boto3.client("cloudformation", region_name=EXAMPLE_REGION, endpoint_url=url).create_stack(
-            StackName=artifacts, TemplateBody=json.dumps({
-                "Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
-                "Outputs": {"ArtifactBucketName": {"Value": bucket}}}))
-        for kind in kinds:
-            prefix = CAPTURES[kind].get("prefix", "data-capture/")
-            s3.put_object(Bucket=bucket, Body=b"{}\n",
-                          Key=f"{prefix}{captured.prefix}-{kind}/AllTraffic/2026/12/07/18/capture.jsonl")
-        role_calls.record_sessions(patch, recorder)
-        codes = [capture.main(["-c", f"env={captured.env}", "--cdk-json", str(tmp_path / "cdk.json"),
-                               "--endpoint-url", url, "--region", EXAMPLE_REGION, "--kind", kind,
-                               "--since", "2026-12-07T18:00:00Z", "--until", "2026-12-07T18:30:00Z"])
-                 for kind in kinds]
+        cloudformation = boto3.client("cloudformation", region_name=EXAMPLE_REGION, endpoint_url=url)
+        cloudformation.delete_stack(StackName=artifacts)
+        try:
+            s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": EXAMPLE_REGION})
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        cloudformation.create_stack(StackName=artifacts, TemplateBody=json.dumps({
+            "Resources": {"Placeholder": {"Type": "AWS::SNS::Topic"}},
+            "Outputs": {"ArtifactBucketName": {"Value": bucket}}}))
+        keys = []
+        try:
+            for kind in kinds:
+                prefix = CAPTURES[kind].get("prefix", "data-capture/")
+                keys.append(f"{prefix}{captured.prefix}-{kind}/AllTraffic/2026/12/07/18/capture.jsonl")
+                s3.put_object(Bucket=bucket, Body=b"{}\n", Key=keys[-1])
+            role_calls.record_sessions(patch, recorder)
+            codes = [capture.main(["-c", f"env={captured.env}", "--cdk-json", str(tmp_path / "cdk.json"),
+                                   "--endpoint-url", url, "--region", EXAMPLE_REGION, "--kind", kind,
+                                   "--since", "2026-12-07T18:00:00Z", "--until", "2026-12-07T18:30:00Z"])
+                     for kind in kinds]
+        finally:  # through the clients made before recording: the cleanup is not among capture's calls
+            for key in keys:
+                s3.delete_object(Bucket=bucket, Key=key)
+            if not s3.list_objects_v2(Bucket=bucket).get("KeyCount"):
+                s3.delete_bucket(Bucket=bucket)
+            cloudformation.delete_stack(StackName=artifacts)
     assert codes == [0] * len(kinds)
     reads = [r for op in recorder.operations if op.service == "s3" for r in role_calls.requests_of_operation(op)]
     assert {r.action for r in reads} == {"s3:ListBucket", "s3:GetObject"}
