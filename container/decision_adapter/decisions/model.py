@@ -266,7 +266,8 @@ class DecisionModel:
         """``refused`` (over the token budget, or too slow for any deadline here) with fewer orderings: the
         questions on the server's default get the largest number that fits, the same for all of them; a question
         that asked for its own number keeps it. Where even one ordering each does not fit and a question asked for
-        more than one, the request is refused naming the largest number that would fit; else ``refused`` stands."""
+        more than one, the request is refused naming at most how many would fit (found from the bound below
+        its work, ``within_budget``); else ``refused`` stands."""
         default = self.default_permutations
         if self._default_applies(questions):  # one ordering each is held to the token budget alone (``prepare``)
             found = largest_fitting(default - 1, lambda k: self._fitting(
