@@ -245,6 +245,12 @@ def codebuild_service_requests(deployment: Deployment, stack: str, project: dict
     return found
 
 
+def endpoint_execution_role(deployment: Deployment, stack: str) -> str:
+    """The logical id of the execution role of an endpoint stack's one Model."""
+    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
+    return model["Properties"]["ExecutionRoleArn"]["Fn::GetAtt"][0]
+
+
 def endpoint_execution_requests(deployment: Deployment, stack: str) -> list[Request]:
     """SageMaker's calls with an endpoint's execution role, from the Model, Endpoint and EndpointConfig: the model
     archive, the image, the container's logs and the instance metrics, and the rollback alarms' state."""

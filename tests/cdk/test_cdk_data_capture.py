@@ -81,8 +81,7 @@ def test_the_requests_with_data_capture_are_valid_for_sagemakers_api(captured, k
 def test_sagemaker_writes_its_own_endpoints_captures_and_nothing_else(captured, kind):
     deployment = Deployment(captured.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
     stack = captured.stack_name(ENDPOINT_STACKS[kind])
-    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
-    role = model["Properties"]["ExecutionRoleArn"]["Fn::GetAtt"][0]
+    role = role_calls.endpoint_execution_role(deployment, stack)
 
     def verdicts(requests):
         return evaluate(deployment.arn(stack, role), deployment.account, requests,

@@ -116,8 +116,7 @@ def test_without_create_endpoints_there_is_no_network_stack():
 def test_what_sagemaker_does_in_the_subnets_is_allowed_and_nothing_elsewhere(placed, kind):
     deployment = Deployment(placed.outdir, EXAMPLE_ACCOUNT, EXAMPLE_REGION)
     stack = placed.stack_name(ENDPOINT_STACKS[kind])
-    (model,) = deployment.resources_of_type(stack, "AWS::SageMaker::Model").values()
-    role = model["Properties"]["ExecutionRoleArn"]["Fn::GetAtt"][0]
+    role = role_calls.endpoint_execution_role(deployment, stack)
 
     def verdicts(requests):
         return evaluate(deployment.arn(stack, role), deployment.account, requests,
