@@ -26,6 +26,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from deploy import node
 
 # jsii (started by the first aws_cdk import: tests/cdk, tests/deploy) and every node the tests spawn run on the
@@ -49,6 +51,7 @@ def starts_llama(path: Path) -> bool:
     return relative.parts[0] in LLAMA_FOLDERS or relative.as_posix() in LLAMA_FILES
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run with -p no:xdist has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's own scopes (a module's tests together, in order), but one scope for every test that starts
     llama.cpp: one worker runs them all, one at a time, and the others share the rest module by module. (xdist's loadgroup marks do the same through the test ids,

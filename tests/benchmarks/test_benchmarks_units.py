@@ -199,7 +199,7 @@ def test_a_sagemaker_endpoint_is_called_through_sagemaker_runtime(monkeypatch):
         requests.post(f"{url}/moto-api/static/sagemaker/endpoint-results", json={"results": [
             {"Body": json.dumps(answer), "ContentType": "application/json", "InvokedProductionVariant": "AllTraffic",
              "CustomAttributes": ""}]}, timeout=10).raise_for_status()
-        client = SageMakerEndpoint("decision-dev-cpu", region="us-east-1", endpoint_url=url)
+        client = SageMakerEndpoint("benchmarks-test-cpu", region="us-east-1", endpoint_url=url)
         body, elapsed = client.call({"model": "jev-latest", "state": "s", "questions": {"q": {"type": "noul"}}})
         assert body == answer and elapsed > 0
 

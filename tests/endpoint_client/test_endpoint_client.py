@@ -50,6 +50,13 @@ def moto_url(moto_server):
     return moto_server
 
 
+# moto keeps one SageMaker Runtime state per process and answers a repeated invocation (same endpoint, same body)
+# with the result it gave first, so these tests invoke endpoints of their own: on decision-dev-cpu, the acceptance
+# run's invocation of examples/support-route.json would get this module's queued result when both share a worker.
+MOTO_CPU_ENDPOINT = "endpoint-client-test-cpu"
+MOTO_GPU_ENDPOINT = "endpoint-client-test-gpu"
+
+
 def queue_moto_result(moto_url: str, body: str, content_type: str = "application/json") -> None:
     response = requests.post(f"{moto_url}/moto-api/static/sagemaker/endpoint-results", json={
         "results": [{"Body": body, "ContentType": content_type, "InvokedProductionVariant": "AllTraffic",
@@ -59,7 +66,7 @@ def queue_moto_result(moto_url: str, body: str, content_type: str = "application
 
 def test_cli_prints_the_endpoint_result_from_moto(moto_url):
     queue_moto_result(moto_url, json.dumps(RESULT))
-    completed = run_cli("--endpoint-name", "decision-dev-cpu", "--file", str(EXAMPLE), "--region", "us-east-1",
+    completed = run_cli("--endpoint-name", MOTO_CPU_ENDPOINT, "--file", str(EXAMPLE), "--region", "us-east-1",
                         "--endpoint-url", moto_url)
     assert completed.returncode == 0, completed.stderr
     assert json.loads(completed.stdout) == RESULT
@@ -69,7 +76,7 @@ def test_cli_prints_the_endpoint_result_from_moto(moto_url):
 def test_invoke_returns_body_and_variant_from_moto(moto_url):
     queue_moto_result(moto_url, '{"results": []}')
     client = boto3.client("sagemaker-runtime", region_name="us-east-1", endpoint_url=moto_url)
-    result = invoke(client, endpoint_name="decision-dev-gpu", body=b'{"decisions": []}',
+    result = invoke(client, endpoint_name=MOTO_GPU_ENDPOINT, body=b'{"decisions": []}',
                     content_type="application/json", accept="application/json")
     assert (result.body, result.content_type, result.invoked_variant, result.attempts) == (
         b'{"results": []}', "application/json", "AllTraffic", 1)

@@ -21,6 +21,13 @@ from ..errors import Failure
 from .fields import RequestContext
 
 
+# The server's default number of orderings is sized to what is left of a request's time, less this share: the
+# search for it and the request's own preparation run before admission weighs the deadline again, so a default
+# sized to the last second would be refused as too slow by the time it is queued (issue 50: a request that fewer
+# orderings could answer is never refused).
+SIZING_HEADROOM = 0.2
+
+
 @dataclass(frozen=True)
 class Budget:
     """What one request may take: its deadline (``time.monotonic()``), the span of that deadline from arrival
@@ -34,6 +41,11 @@ class Budget:
     @property
     def spent(self) -> bool:
         return time.monotonic() >= self.deadline
+
+    def sizing_s(self) -> float:
+        """The seconds the server's default orderings are sized to now: what is left before the deadline, less
+        ``SIZING_HEADROOM``, and never more than what any request may take here."""
+        return min(self.allowed_s, max(0.0, self.deadline - time.monotonic())) * (1.0 - SIZING_HEADROOM)
 
 
 @dataclass(frozen=True)
@@ -53,8 +65,8 @@ class Call:
 
     def prepare(self, questions: Sequence[Question]) -> Prepared:
         """The questions prepared on the model, held to what a request may take here: the server's default orderings
-        shrink to what fits (``DecisionModel.prepare``)."""
-        return self.model.prepare(questions, allowed_s=self.budget.allowed_s)
+        shrink to what fits the time left, with headroom (``Budget.sizing_s``, ``DecisionModel.prepare``)."""
+        return self.model.prepare(questions, allowed_s=self.budget.sizing_s())
 
     def score(self, prepared: Prepared) -> Answered:
         """Score ``prepared`` through the model's scheduler within the budget; raises what the model raises."""
