@@ -423,8 +423,10 @@ def _check_rollback_windows(config: EnvironmentConfig, kind: str, alarms: tuple[
 
 
 def _deployment(settings: EndpointSettings, variant: Variant, scarce_capacity: bool) -> Deployment:
-    # The fleet never has fewer instances than the scaling minimum (initial_instance_count).
-    update = updates.plan(scarce_capacity=scarce_capacity, initial_instance_count=settings.initial_instance_count)
+    # The fleet never has fewer instances than the scaling minimum: initial_instance_count, or an asynchronous
+    # endpoint's min_instance_count (0: one instance at a time, all at once, is all an update can count on).
+    minimum = getattr(settings, "min_instance_count", settings.initial_instance_count)
+    update = updates.plan(scarce_capacity=scarce_capacity, initial_instance_count=minimum)
     # One step: provision (pools fall back within provision_timeout_s), download, health check, bake. Rolling
     # at 50 % takes two steps; blue/green a canary step and the final bake; with rollback time beside them.
     step_s = (variant.provision_timeout_s or 0) + settings.model_download_timeout_s + \

@@ -210,11 +210,14 @@ class EndpointStack(cdk.Stack):
     def _async_outputs(self) -> None:
         """What `python -m endpoint_client invoke --async` and acceptance read: where to put a request, where its
         answer or failure appears, the topics, and the timeout to give InvokeEndpointAsync."""
-        asynchronous, bucket = self.spec.async_inference, self._artifacts.bucket.bucket_name
-        for name, prefix, what in (("AsyncInputLocation", asynchronous.input_prefix, "request bodies"),
-                                   ("AsyncOutputLocation", asynchronous.output_prefix, "answers"),
-                                   ("AsyncFailureLocation", asynchronous.failure_prefix, "failures")):
-            cdk.CfnOutput(self, name, value=f"s3://{bucket}/{prefix}", description=f"Asynchronous inference: {what}")
+        asynchronous = self.spec.async_inference
+        # Key prefixes of the artifact bucket (the artifacts stack's ArtifactBucketName: an output may not be an
+        # import of another stack's).
+        for name, prefix, what in (("AsyncInputPrefix", asynchronous.input_prefix, "request bodies"),
+                                   ("AsyncOutputPrefix", asynchronous.output_prefix, "answers"),
+                                   ("AsyncFailurePrefix", asynchronous.failure_prefix, "failures")):
+            cdk.CfnOutput(self, name, value=prefix,
+                          description=f"Asynchronous inference: {what}, under this key prefix of the artifact bucket")
         success, error = self.notification_topics
         cdk.CfnOutput(self, "AsyncSuccessTopicArn", value=success.topic_arn,
                       description="Notified of each answer (subscribe to be told)")
