@@ -308,11 +308,14 @@ EXAMPLE_INFERENCE_ID = "0123abcd-4567-89ef-0123-456789abcdef"
 
 
 def async_inference_requests(deployment: Deployment, stack: str, *, input_key: str | None = None,
-                             output_key: str | None = None, failure_key: str | None = None) -> list[Request]:
+                             output_key: str | None = None, failure_key: str | None = None,
+                             with_keys: bool = False) -> list[Request]:
     """SageMaker's calls with the execution role where the EndpointConfig has an AsyncInferenceConfig (none without
     one): the request body read from the caller's InputLocation (under the stack's AsyncInputPrefix output), the
     answer written under S3OutputPath or the failure under S3FailurePath, and the success or error notification
-    published to its topic, encrypted with the topic's key. The keys replace the defaults (a negative check)."""
+    published to its topic; ``with_keys``: also SNS's calls on the topics' KMS key with the publisher's rights (to
+    evaluate with the key's policy, tests/cdk/test_cdk_async.py). The object keys replace the defaults (a negative
+    check)."""
     (config,) = deployment.resources_of_type(stack, "AWS::SageMaker::EndpointConfig").values()
     if "AsyncInferenceConfig" not in config["Properties"]:
         return []
@@ -336,7 +339,8 @@ def async_inference_requests(deployment: Deployment, stack: str, *, input_key: s
         found += [Request("sns:Publish", arn, source=f"SageMaker: NotificationConfig {which}")]
         # SNS encrypts the message with the topic's key, with the publisher's rights.
         found += [Request(action, key, {"kms:ViaService": f"sns.{deployment.region}.amazonaws.com"},
-                          source=f"SNS: {which} encrypted") for action in ("kms:GenerateDataKey", "kms:Decrypt")]
+                          source=f"SNS: {which} encrypted") for action in ("kms:GenerateDataKey", "kms:Decrypt")
+                  if with_keys]
     return found
 
 
