@@ -88,6 +88,8 @@ _ARN_FORMATS = {
     "AWS::Lambda::Function": "arn:{partition}:lambda:{region}:{account}:function:{name}",
     "AWS::IAM::OIDCProvider": "arn:{partition}:iam::{account}:oidc-provider/{name}",
     "AWS::IAM::ManagedPolicy": "arn:{partition}:iam::{account}:policy/{name}",
+    "AWS::ApplicationAutoScaling::ScalingPolicy": "arn:{partition}:autoscaling:{region}:{account}:scalingPolicy:"
+                                                  "{name}",
 }
 # Types whose Ref is their ARN rather than their name.
 _REF_IS_ARN = {"AWS::SNS::Topic", "AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig",

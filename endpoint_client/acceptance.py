@@ -63,7 +63,7 @@ from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK
 from endpoint_client.invoke import InvokeFailed, RetryPolicy, invoke
 from endpoint_client.preflight import deployed_kinds
 from stacks.adapter_logs import metric_logs
-from stacks.config import ADAPTER_KINDS, EnvironmentConfig
+from stacks.config import ADAPTER_KINDS, ASYNC_KINDS, EnvironmentConfig
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "Answer with one word: ready?"}], "max_tokens": 8}
 # The adapter's setting that makes a release faulty once it has started (container/decision_adapter/settings.py,
@@ -82,8 +82,7 @@ ON_MOTO = {
     "notifications": "moto runs no asynchronous inference, so SageMaker publishes nothing to the success and error "
                      "topics",
 }
-# The endpoint kinds behind SageMaker's queue (their settings name the async prefixes).
-ASYNC_KINDS = ("async",)
+
 # The reason acceptance's alarm delivery check gives set-alarm-state: its ALARM is no alarm's evaluation.
 OWN_REASON = "python -m endpoint_client acceptance"
 

@@ -36,7 +36,7 @@ from constructs import Construct
 
 from stacks import nag
 from stacks.artifacts_stack import ArtifactsStack
-from stacks.config import (ACCEPTANCE_PREFIX, ADAPTER_KINDS, BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX,
+from stacks.config import (ACCEPTANCE_PREFIX, ADAPTER_KINDS, ASYNC_KINDS, BATCH_INPUT_PREFIX, BATCH_OUTPUT_PREFIX,
                            DATA_CAPTURE_PREFIX, ENDPOINT_KINDS, MODEL_PREFIX, TRANSFORM_KINDS, EnvironmentConfig)
 
 SAGEMAKER_SERVICE = "sagemaker.amazonaws.com"
@@ -115,7 +115,8 @@ class AccessStack(cdk.Stack):
             description=f"{prefix}: npx cdk deploy and diff through the CDK bootstrap roles")
         self.invoker = iam.ManagedPolicy(
             self, "InvokerPolicy", managed_policy_name=f"{prefix}-invoker", statements=[iam.PolicyStatement(
-                sid="InvokeEndpoints", actions=["sagemaker:InvokeEndpoint"], resources=self._endpoint_arns()),
+                sid="InvokeEndpoints", actions=["sagemaker:InvokeEndpoint"], resources=self._endpoint_arns(
+                    self._realtime_kinds)),
                 *self._async_invoker_statements()],
             description=f"{prefix}: call this environment's endpoints")
         self._acknowledge(self.operator, WILDCARD_REASONS)
@@ -152,8 +153,14 @@ class AccessStack(cdk.Stack):
         # policies (and the exports they import) stay the same when an endpoint is added or removed.
         return ENDPOINT_KINDS
 
-    def _endpoint_arns(self) -> list[str]:
-        return [self._arn("sagemaker", "endpoint", self.config.endpoint_name(kind)) for kind in self._kinds]
+    @property
+    def _realtime_kinds(self) -> tuple[str, ...]:
+        # What InvokeEndpoint, the rollback drill (CreateModel passing the role, UpdateEndpoint) and acceptance's log
+        # checks reach: an asynchronous endpoint is invoked through its queue (InvokeEndpointAsync) instead.
+        return tuple(kind for kind in self._kinds if kind not in ASYNC_KINDS)
+
+    def _endpoint_arns(self, kinds: tuple[str, ...]) -> list[str]:
+        return [self._arn("sagemaker", "endpoint", self.config.endpoint_name(kind)) for kind in kinds]
 
     def _bucket_objects(self, prefix: str) -> str:
         return self.artifacts.bucket_objects_arn(f"{prefix}*")
@@ -165,9 +172,10 @@ class AccessStack(cdk.Stack):
     # --- the operator ---------------------------------------------------------------------------------------------
 
     def _operator_statements(self) -> list[iam.PolicyStatement]:
-        config, kinds = self.config, self._kinds
+        config, kinds, realtime = self.config, self._kinds, self._realtime_kinds
         endpoints = [config.endpoint_name(kind) for kind in kinds]
-        drills = [f"{name}-drill-*" for name in endpoints]       # acceptance's drill Model and EndpointConfig
+        # acceptance's drill Model and EndpointConfig: of the real-time endpoints (acceptance --rollback-drill KIND)
+        drills = [f"{config.endpoint_name(kind)}-drill-*" for kind in realtime]
         transform_jobs = [self._arn("sagemaker", "transform-job", f"{config.endpoint_name(kind)}-*")
                           for kind in kinds if kind in TRANSFORM_KINDS]
         statements = [
@@ -175,7 +183,7 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="ReadStackOutputs", actions=["cloudformation:DescribeStacks"],
                                 resources=[self._arn("cloudformation", "stack", f"{config.name_prefix}-*/*")]),
             # acceptance: invoke, watch and update (the drill, and its undo) this environment's endpoints.
-            iam.PolicyStatement(sid="OperateEndpoints", resources=self._endpoint_arns(), actions=[
+            iam.PolicyStatement(sid="OperateEndpoints", resources=self._endpoint_arns(realtime), actions=[
                 "sagemaker:InvokeEndpoint", "sagemaker:UpdateEndpoint"]),
             # preflight counts the instances of every endpoint of the account against the quotas (read only).
             iam.PolicyStatement(sid="DescribeAccountEndpoints", actions=[
@@ -197,7 +205,7 @@ class AccessStack(cdk.Stack):
                                 resources=[self._arn("sagemaker", "endpoint-config", "*")], conditions=self.tagged),
             # CreateModel passes the endpoint's own execution role to SageMaker, and no other role.
             iam.PolicyStatement(sid="PassExecutionRoles", actions=["iam:PassRole"], resources=[
-                self._arn("iam", "role", config.execution_role_name(kind), region=False) for kind in kinds],
+                self._arn("iam", "role", config.execution_role_name(kind), region=False) for kind in realtime],
                 conditions={"StringEquals": {"iam:PassedToService": SAGEMAKER_SERVICE}}),
             # An EndpointConfig with a volume key: SageMaker creates a grant on it with the caller's rights when an
             # endpoint is created or updated to it (the drill, and the undo; not when the config is created). Only
@@ -218,8 +226,8 @@ class AccessStack(cdk.Stack):
             iam.PolicyStatement(sid="ReadMetrics", actions=["cloudwatch:ListMetrics",
                                                             "cloudwatch:GetMetricStatistics"], resources=["*"]),
             iam.PolicyStatement(sid="ReadEndpointLogs", actions=["logs:FilterLogEvents"], resources=[
-                self._arn("logs", "log-group", f"/aws/sagemaker/Endpoints/{name}:*", colon=True)
-                for name in endpoints]),
+                self._arn("logs", "log-group", f"/aws/sagemaker/Endpoints/{config.endpoint_name(kind)}:*", colon=True)
+                for kind in realtime]),
             iam.PolicyStatement(sid="ReadAlarmSubscriptions", actions=["sns:ListSubscriptionsByTopic"],
                                 resources=[self._alarm_topic.topic_arn]),
             # check-pins: the pinned images (and --protect's tag); preflight runs the same check.

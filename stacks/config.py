@@ -53,6 +53,8 @@ ADAPTER_KINDS = ("cpu", "gpu", "async")
 # The kinds that run another kind's image (pins.images has no key of their own): the async endpoint is the CPU
 # adapter image behind SageMaker's queue. Every lookup of a kind's image pin goes through image_kind.
 IMAGE_KIND = {"async": "cpu"}
+# The kinds behind SageMaker Asynchronous Inference's queue (the others are real-time endpoints).
+ASYNC_KINDS = ("async",)
 # The image builds, pins.images' keys.
 IMAGE_KINDS = ("cpu", "gpu", "text_generation")
 # An endpoint kind's field of EnvironmentConfig where it differs from the kind (a Python keyword).

@@ -152,9 +152,10 @@ class Environment:
             sagemaker.create_endpoint(EndpointName=endpoint["EndpointName"],
                                       EndpointConfigName=d.name(stack, config_id))
             logs.create_log_group(logGroupName=f"/aws/sagemaker/Endpoints/{endpoint['EndpointName']}")
-            for resource in resources.values():
+            for alarm_id, resource in resources.items():
                 if resource["Type"] == "AWS::CloudWatch::Alarm":
-                    alarm = d.resolve(stack, resource["Properties"])
+                    # The async endpoint's scale-out alarm has a generated name.
+                    alarm = {"AlarmName": d.name(stack, alarm_id), **d.resolve(stack, resource["Properties"])}
                     cloudwatch.put_metric_alarm(**{k: alarm[k] for k in ALARM_PARAMETERS if k in alarm})
 
 
