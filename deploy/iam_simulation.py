@@ -92,7 +92,8 @@ _ARN_FORMATS = {
                                                   "{name}",
 }
 # Types whose Ref is their ARN rather than their name.
-_REF_IS_ARN = {"AWS::SNS::Topic", "AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig",
+_REF_IS_ARN = {"AWS::SNS::Topic", "AWS::ApplicationAutoScaling::ScalingPolicy", "AWS::SageMaker::Model",
+               "AWS::SageMaker::EndpointConfig",
                "AWS::SageMaker::Endpoint", "AWS::IAM::OIDCProvider", "AWS::IAM::ManagedPolicy"}
 # The property that names a resource, where a template may set it.
 _NAME_PROPERTIES = {

@@ -225,7 +225,9 @@ class SageMakerEndpoint(Construct):
             threshold=1, comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             evaluation_periods=1, datapoints_to_alarm=1,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING)
-        self.scale_from_zero_alarm.add_alarm_action(_PolicyAction(self.scale_from_zero_policy.attr_arn))
+        # The policy's Ref is its ARN (a Fn::GetAtt of Arn would be the same; moto's CloudFormation, which creates
+        # no scaling policy, resolves only the Ref: the deploy rehearsal).
+        self.scale_from_zero_alarm.add_alarm_action(_PolicyAction(self.scale_from_zero_policy.ref))
 
 
 @jsii.implements(cloudwatch.IAlarmAction)

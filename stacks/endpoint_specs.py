@@ -1,4 +1,5 @@
-"""One spec per endpoint kind: what differs between the CPU, GPU and text-generation endpoints, in one place.
+"""One spec per endpoint kind: what differs between the CPU, GPU, text-generation and asynchronous endpoints, in one
+place.
 
 A spec holds everything an endpoint stack and the monitoring dashboard need to know about a kind: the
 endpoint's name, its image and model pins, the production variant (one instance type, or ordered GPU pools)
@@ -197,7 +198,7 @@ def _namespace_family(namespace: str) -> str:
 
 @dataclass(frozen=True)
 class EndpointSpec:
-    kind: str                          # the cdk.json name: cpu, gpu, text_generation
+    kind: str                          # the cdk.json name: cpu, gpu, text_generation, async
     settings_key: str                  # its settings' key path in cdk.json, for messages
     slug: str                          # in stack and endpoint names: cpu, gpu, text-generation
     title: str

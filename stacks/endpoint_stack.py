@@ -5,7 +5,9 @@ and pull from exactly the pinned image's repository: this environment's, or, for
 ``artifacts_from`` names another, the source's repository and bucket that the pins name in full (the source's
 resource policies allow these roles, stacks/artifacts_stack.py). Where cdk.json places the environment in a VPC
 (``vpc``), the role may create and manage network interfaces in its subnets only; where the kind captures data
-(``<kind>.data_capture``), it may write under its own endpoint's part of the artifact bucket's capture prefix only.
+(``<kind>.data_capture``), it may write under its own endpoint's part of the artifact bucket's capture prefix only;
+the asynchronous endpoint (``async``) gets its two notification topics here, and its role may read request bodies
+under its input prefix, write answers and failures under its output and failure prefixes, and publish to the topics.
 
 Each endpoint kind has a stack of its own, so that a failed GPU deployment (an instance quota of 0 is common;
 pools fall back on capacity, not on quota) rolls back that stack alone, and each can be deployed, diffed and

@@ -116,7 +116,7 @@ def test_it_scales_on_the_queue_down_to_zero_and_out_from_zero(dev):
         "Namespace": "AWS/SageMaker", "MetricName": "HasBacklogWithoutCapacity",
         "Dimensions": [{"Name": "EndpointName", "Value": f"{dev.prefix}-async"}], "Statistic": "Average",
         "Period": 60, "Threshold": 1, "ComparisonOperator": "GreaterThanOrEqualToThreshold", "EvaluationPeriods": 1,
-        "AlarmActions": [{"Fn::GetAtt": [step_id, "Arn"]}]}
+        "AlarmActions": [{"Ref": step_id}]}      # a scaling policy's Ref is its ARN
     # The real-time kinds keep their minimum at the initial count and track invocations.
     cpu = dev.resource(cdk_testkit.ENDPOINT_STACKS["cpu"], "AWS::ApplicationAutoScaling::ScalableTarget",
                        "Endpoint")["Properties"]
