@@ -350,3 +350,33 @@ def test_there_is_no_async_image_pin():
     def edit(environment):
         environment["pins"]["images"]["async"] = environment["pins"]["images"]["cpu"]
     assert any(p.startswith("environments.dev.pins.images.async: unknown key") for p in problems(edit))
+
+
+def test_an_async_invocation_as_boto3_makes_it_is_allowed_by_the_invoker(dev):
+    """What `python -m endpoint_client invoke --async` calls, as role_calls turns boto3 operations into the IAM
+    requests AWS authorizes (the Service Authorization Reference: InvokeEndpointAsync on the endpoint): the upload,
+    the call, the answer's read; allowed by the invoker policy, and refused on the real-time cpu endpoint."""
+    deployment = Deployment(dev.outdir, cdk_testkit.EXAMPLE_ACCOUNT, cdk_testkit.EXAMPLE_REGION)
+    policy = deployment.managed_policy(dev.stack_name("access"), f"{dev.prefix}-invoker")
+    bucket = deployment.output(dev.stack_name("artifacts"), "ArtifactBucketName")
+    api = role_calls.ApiRequests(account=deployment.account, region=deployment.region)
+    key = "async-inference/input/request.json"
+
+    def requests(endpoint_name):
+        operations = [
+            role_calls.Operation("s3", "PutObject", {"Bucket": bucket, "Key": key}),
+            role_calls.Operation("sagemaker-runtime", "InvokeEndpointAsync", {
+                "EndpointName": endpoint_name, "InputLocation": f"s3://{bucket}/{key}", "InvocationTimeoutSeconds": 900}),
+            role_calls.Operation("s3", "GetObject", {"Bucket": bucket,
+                                                     "Key": f"async-inference/output/{role_calls.EXAMPLE_INFERENCE_ID}.out"})]
+        return [r for op in operations for r in api.of(op)]
+
+    own = requests(f"{dev.prefix}-async")
+    assert "sagemaker:InvokeEndpointAsync" in {r.action for r in own}
+    assert not role_calls.resource_type_problems(own), role_calls.resource_type_problems(own)
+    verdicts = evaluate(f"arn:aws:iam::{deployment.account}:role/app", deployment.account, own,
+                        identity_policies=[policy])
+    assert not denied(verdicts), "\n".join(denied(verdicts))
+    elsewhere = [r for r in requests(f"{dev.prefix}-cpu") if r.action == "sagemaker:InvokeEndpointAsync"]
+    assert not [v for v in evaluate(f"arn:aws:iam::{deployment.account}:role/app", deployment.account, elsewhere,
+                                    identity_policies=[policy]) if v.allowed]
