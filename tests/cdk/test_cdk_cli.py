@@ -122,6 +122,8 @@ def test_npx_cdk_synth_of_a_fresh_clone_succeeds_for_dev(tmp_path):
     # A fresh clone pins nothing: the endpoints are left out, saying which keys to set.
     for kind in ("cpu", "gpu", "text_generation"):
         assert f"environments.dev.pins.images.{kind} and environments.dev.pins.model are set" in completed.stderr
+    # The asynchronous endpoint runs the cpu image: its pin is that one.
+    assert "The async endpoint is left out until environments.dev.pins.images.cpu and" in completed.stderr
     assert "AwsSolutions" not in completed.stderr
     shutil.rmtree(tmp_path / "cdk.out")
 
@@ -167,7 +169,7 @@ def test_npx_cdk_synth_with_real_format_pins_and_a_resolved_region(env, region, 
     assert (f"{prefix}-build" in manifest) is cdk_testkit.builds(env)
     for kind in cdk_testkit.stack_kinds(env):
         assert manifest[f"{prefix}-{kind}"]["environment"] == f"aws://{expected_account}/{expected_region}"
-    for kind in ("cpu", "gpu", "text-generation"):
+    for kind in ("cpu", "gpu", "text-generation", "async"):
         template = json.loads((out / f"{prefix}-endpoint-{kind}.template.json").read_text())
         types = [r["Type"] for r in template["Resources"].values()]
         assert "AWS::SageMaker::Endpoint" in types and "AWS::CloudWatch::Alarm" in types

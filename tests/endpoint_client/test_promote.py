@@ -140,7 +140,9 @@ def test_refused_when_an_image_was_deployed_after_acceptance(serving, capsys):
     before = promotable(deployment)
     assert accept(deployment, capsys) == 0
     newer = push(deployment.client("ecr"), deployment.repository, manifest("9"), "cpu-20260102T000000Z")
+    # A new cpu pin deploys both endpoints of the cpu image (the asynchronous one shares its pin).
     serving.deploy("cpu", digest=newer)
+    serving.deploy("async", digest=newer)
     err = refused(deployment, capsys, before)
     assert "is not for what it serves now" in err
     assert f"cpu: decision-dev-cpu serves {serving.image(newer)} with {serving.model_data_url}, but the report " \
@@ -325,13 +327,15 @@ def test_refused_for_an_image_it_cannot_protect(serving, capsys):
     other = f"{deployment.repository}-elsewhere"
     ecr.create_repository(repositoryName=other)
     digest = push(ecr, other, manifest("7"), "cpu-x")
-    serving.deploy("cpu", digest=digest)
     # deploy() names dev's repository in the Model: point it at the other one (moto's server runs in this process).
+    # Both endpoints of the cpu image (the asynchronous one shares its pin).
     from moto.sagemaker.models import sagemaker_backends
     backend = sagemaker_backends[ACCOUNT][REGION]
-    config = backend.endpoint_configs[backend.endpoints["decision-dev-cpu"].endpoint_config_name]
-    model = backend._models[config.production_variants[0]["ModelName"]]
-    model.primary_container["Image"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{other}@{digest}"
+    for kind in ("cpu", "async"):
+        serving.deploy(kind, digest=digest)
+        config = backend.endpoint_configs[backend.endpoints[serving.endpoint_name(kind)].endpoint_config_name]
+        model = backend._models[config.production_variants[0]["ModelName"]]
+        model.primary_container["Image"] = f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{other}@{digest}"
     assert accept(deployment, capsys) == 0
     err = refused(deployment, capsys, before)
     assert f"cpu: {ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/{other}@{digest} is not in " in err
@@ -361,3 +365,15 @@ def test_verify_checks_prods_pins_against_the_very_report_they_were_promoted_on(
         deployment.cdk_json.write_text(json.dumps(cdk_json, indent=2) + "\n")
         code, out, err = run_promote(deployment, capsys, "--verify", "--emulator", "moto")
         assert code == 1 and out == "" and message in err, err
+
+
+def test_refused_when_the_cpu_and_async_endpoints_serve_different_images(serving, capsys):
+    """The asynchronous endpoint runs the cpu image (pins.images.cpu, one pin for both): dev serving two cpu digests
+    at once (one endpoint updated, the other not) has no one pin to promote."""
+    deployment = serving.deployment
+    before = promotable(deployment)
+    newer = push(deployment.client("ecr"), deployment.repository, manifest("8"), "cpu-20260103T000000Z")
+    serving.deploy("cpu", digest=newer)
+    assert accept(deployment, capsys) == 0
+    err = refused(deployment, capsys, before)
+    assert "they share one pin (pins.images.cpu)" in err and "decision-dev-async serves" in err
