@@ -290,7 +290,7 @@ def capture_base(config: Any, kind: str) -> str:
     nothing."""
     if kind not in config.endpoints:
         raise CommandError(f"{config.key('endpoints')} has no {kind} endpoint")
-    capture = getattr(config, kind).data_capture
+    capture = config.endpoint_settings(kind).data_capture
     if capture is None:
         raise CommandError(f"{config.key(kind, 'data_capture')} is not set: the {kind} endpoint captures nothing "
                            f"(docs/deploy.md#data-capture)")

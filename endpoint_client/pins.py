@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from endpoint_client.deployment import (EXIT_FAILED, Aws, CommandError, add_common_arguments, error_code,
                                         report_checks, stack_outputs)
-from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig
+from stacks.config import PINNED_TAG_PREFIX, EnvironmentConfig, image_kind
 
 
 # The one image manifest media type SageMaker accepts (container/buildspec.yml and the mirror build check it too).
@@ -76,7 +76,8 @@ class PinStatus:
 def check_pins(config: EnvironmentConfig, aws: Aws, *, protect: bool) -> list[PinStatus]:
     ecr, own = aws.client("ecr"), _OwnArtifacts(config, aws)
     statuses = []
-    for kind in config.endpoints:
+    # One check per image: the async kind runs the cpu image (image_kind).
+    for kind in dict.fromkeys(image_kind(kind) for kind in config.endpoints):
         image = getattr(config.pins.images, kind)
         key = config.key("pins", "images", kind)
         if image is None:

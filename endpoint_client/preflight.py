@@ -67,13 +67,13 @@ class Need:
 def deployed_kinds(config: EnvironmentConfig) -> list[str]:
     """The endpoints this environment's deploy creates: listed, and pinned."""
     return [kind for kind in config.endpoints
-            if getattr(config.pins.images, kind) is not None and config.pins.model is not None]
+            if config.pins.images.of(kind) is not None and config.pins.model is not None]
 
 
 def needs(config: EnvironmentConfig) -> list[Need]:
     found = []
     for kind in deployed_kinds(config):
-        settings = getattr(config, kind)
+        settings = config.endpoint_settings(kind)
         update = updates.plan(scarce_capacity=kind in SCARCE_KINDS,
                               initial_instance_count=settings.initial_instance_count)
         peak = updates.peak_instances(max_instance_count=settings.max_instance_count, update=update,
@@ -187,7 +187,7 @@ def instance_type_checks(config: EnvironmentConfig, aws: Aws) -> list[Check]:
             EndpointConfigName=description["EndpointConfigName"])["ProductionVariants"]
             if v["VariantName"] == VARIANT_NAME]
         deployed = tuple(p["InstanceType"] for p in variant.get("InstancePools") or []) or (variant["InstanceType"],)
-        wanted = getattr(config, kind).variant_instance_types
+        wanted = config.endpoint_settings(kind).variant_instance_types
         subject = f"instance types of {name}"
         if deployed == wanted:
             checks.append(Check("ok", subject, f"{', '.join(wanted)}, unchanged"))

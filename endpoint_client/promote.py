@@ -50,7 +50,7 @@ from endpoint_client.deployment import (EXIT_CONFIGURATION, EXIT_FAILED, EXIT_OK
                                         SERVING, Served, add_aws_arguments, aws_for, environment_of, error_code,
                                         served_by, stack_outputs)
 from endpoint_client.pins import protect_project_image, protective_tag
-from stacks.config import ENDPOINT_KINDS, EnvironmentConfig, ImagePins, ModelPin
+from stacks.config import ENDPOINT_KINDS, EnvironmentConfig, ImagePins, ModelPin, image_kind
 
 
 def target_kinds(environments: Any, source: str, target: str) -> list[str]:
@@ -126,8 +126,7 @@ def accepted_pins(source: EnvironmentConfig, kinds: Sequence[str], aws: Aws, *,
         raise CommandError(f"{source.name}'s latest acceptance report ({where}, {report.get('finished_at')}) is not "
                            f"for what it serves now: " + "; ".join(unproven) +
                            f" (run python -m endpoint_client acceptance -c env={source.name})", EXIT_FAILED)
-    pins = {"images": {kind: _image_pin(kind, found) for kind, found in served.items()},
-            "model": _model_pin(source, served)}
+    pins = {"images": _image_pins(served), "model": _model_pin(source, served)}
     if not source.artifacts.retain:
         raise CommandError(f"environments.{source.name}.artifacts.removal_policy is {source.artifacts.removal_policy}: "
                            f"`cdk destroy -c env={source.name}` would delete what the pins would name; set it to "
@@ -167,6 +166,19 @@ def _protect(aws: Aws, repository_uri: str, served: Mapping[str, Served]) -> Non
 
 def _serving(served: Mapping[str, Served]) -> str:
     return ", ".join(f"{kind} {found.image}" for kind, found in served.items())
+
+
+def _image_pins(served: Mapping[str, Served]) -> dict[str, str]:
+    """pins.images of the served kinds, by their image (the async kind runs the cpu image: image_kind): kinds that
+    share an image must serve the same one."""
+    images: dict[str, str] = {}
+    for kind, found in served.items():
+        pin = _image_pin(image_kind(kind), found)
+        if images.setdefault(image_kind(kind), pin) != pin:
+            raise CommandError(f"{kind}: {found.endpoint_name} serves {pin}, but another endpoint of the "
+                               f"{image_kind(kind)} image serves {images[image_kind(kind)]}: they share one pin "
+                               f"(pins.images.{image_kind(kind)}); deploy both on one image first", EXIT_FAILED)
+    return images
 
 
 def _image_pin(kind: str, found: Served) -> str:
@@ -274,13 +286,14 @@ def verify_promoted(target: EnvironmentConfig, s3: Any, *, emulator: str | None 
         problems.append(f"it was made {'on ' + report['emulator'] if report.get('emulator') else 'on AWS'}")
     model = target.pins.model
     for kind in target.endpoints:
-        image = getattr(target.pins.images, kind)
+        image = target.pins.images.of(kind)
         if image is None:
             continue
         proved = report.get("endpoints", {}).get(kind) or {}
         pinned = f"{image.repository.uri}@{image.digest}" if image.repository else image.digest
         if proved.get("image") != pinned:
-            problems.append(f"{target.key('pins', 'images', kind)} is {pinned}, but it proved {proved.get('image')}")
+            problems.append(f"{target.key('pins', 'images', image_kind(kind))} is {pinned}, but it proved {kind} with "
+                            f"{proved.get('image')}")
         archive = f"s3://{model.bucket}/{model.s3_key}" if model is not None else None
         if proved.get("model_data_url") != archive:
             problems.append(f"{target.key('pins', 'model')} is {archive}, but it proved {kind} with "

@@ -11,7 +11,9 @@ attach to work with this environment, and nothing else.
 - ``<prefix>-deployer``: what ``npx cdk deploy`` / ``diff`` do with the caller's own credentials: assume the CDK
   bootstrap roles of this account and region (deploy, file and image publishing, lookup), which do the rest;
 - ``<prefix>-invoker``: ``sagemaker:InvokeEndpoint`` on this environment's endpoints (fixed names,
-  ``EnvironmentConfig.endpoint_name``).
+  ``EnvironmentConfig.endpoint_name``); where cdk.json configures the async kind, ``InvokeEndpointAsync`` on the
+  async endpoint, ``s3:PutObject`` under its input prefix and ``s3:GetObject`` under its output and failure
+  prefixes (what an asynchronous call does).
 
 Each statement exists for a call the commands make (tests/cdk/test_cdk_access_policies.py records those calls
 against moto and evaluates them against these documents with the policy simulator; removing any one statement
@@ -52,6 +54,13 @@ CAPTURE_READER_REASONS = {
                         "file, under the data-capture/ prefix of this environment's own artifact bucket (read only).",
     "ReadStackOutputs": "capture reads the artifacts stack's outputs (its bucket); CloudFormation stack ARNs end in a "
                         "generated id.",
+}
+# Why a statement of the invoker's policy names resources by a pattern.
+INVOKER_REASONS = {
+    "PutAsyncRequests": "An asynchronous call puts its request body under the async kind's input prefix of this "
+                        "environment's artifact bucket, named per request.",
+    "ReadAsyncResults": "An asynchronous call reads its answer or failure, named by SageMaker per request, under the "
+                        "async kind's output and failure prefixes (read only).",
 }
 # Why a statement of the operator policy names resources by a pattern (cdk-nag's AwsSolutions-IAM5).
 WILDCARD_REASONS = {
@@ -106,13 +115,16 @@ class AccessStack(cdk.Stack):
             description=f"{prefix}: npx cdk deploy and diff through the CDK bootstrap roles")
         self.invoker = iam.ManagedPolicy(
             self, "InvokerPolicy", managed_policy_name=f"{prefix}-invoker", statements=[iam.PolicyStatement(
-                sid="InvokeEndpoints", actions=["sagemaker:InvokeEndpoint"], resources=self._endpoint_arns())],
+                sid="InvokeEndpoints", actions=["sagemaker:InvokeEndpoint"], resources=self._endpoint_arns()),
+                *self._async_invoker_statements()],
             description=f"{prefix}: call this environment's endpoints")
         self._acknowledge(self.operator, WILDCARD_REASONS)
+        self._acknowledge(self.invoker, INVOKER_REASONS)
         # Captured requests and responses hold what callers sent: reading them is a policy of its own, made only
         # where an endpoint kind captures data, for the people who audit decisions.
         self.capture_reader = None
-        if any(getattr(config, kind).data_capture is not None for kind in config.endpoints if kind in ADAPTER_KINDS):
+        if any(config.endpoint_settings(kind).data_capture is not None
+               for kind in config.endpoints if kind in ADAPTER_KINDS):
             self.capture_reader = iam.ManagedPolicy(
                 self, "CaptureReaderPolicy", managed_policy_name=f"{prefix}-capture-reader",
                 statements=self._capture_reader_statements(),
@@ -232,7 +244,7 @@ class AccessStack(cdk.Stack):
                 sid="CheckModelArchives", actions=["s3:GetObject", *(["s3:GetObjectVersion"] if report else [])],
                 resources=[*archives, *report]))
         others = sorted({image.repository.arn for kind in config.endpoints
-                         if (image := getattr(config.pins.images, kind)) is not None and image.repository is not None})
+                         if (image := config.pins.images.of(kind)) is not None and image.repository is not None})
         if others:
             statements.append(iam.PolicyStatement(sid="CheckPinnedImagesElsewhere", actions=["ecr:DescribeImages"],
                                                   resources=others))
@@ -264,6 +276,24 @@ class AccessStack(cdk.Stack):
         if self.config.artifacts_from is not None:
             return []
         return [self._bucket_objects(MODEL_PREFIX)]
+
+    # --- the invoker of the asynchronous endpoint ---------------------------------------------------------------
+
+    def _async_invoker_statements(self) -> list[iam.PolicyStatement]:
+        """An asynchronous call (`python -m endpoint_client invoke --async`, or an application): put the request
+        body under the async kind's input prefix, InvokeEndpointAsync on the async endpoint alone, read the answer
+        or the failure under its output and failure prefixes. Only where cdk.json configures the async kind (its
+        prefixes)."""
+        settings = self.config.async_
+        if settings is None:
+            return []
+        return [iam.PolicyStatement(sid="InvokeAsyncEndpoint", actions=["sagemaker:InvokeEndpointAsync"],
+                                    resources=[self._arn("sagemaker", "endpoint", self.config.endpoint_name("async"))]),
+                iam.PolicyStatement(sid="PutAsyncRequests", actions=["s3:PutObject"],
+                                    resources=[self._bucket_objects(settings.input_prefix)]),
+                iam.PolicyStatement(sid="ReadAsyncResults", actions=["s3:GetObject"],
+                                    resources=[self._bucket_objects(settings.output_prefix),
+                                               self._bucket_objects(settings.failure_prefix)])]
 
     # --- the capture reader -----------------------------------------------------------------------------------
 

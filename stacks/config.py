@@ -20,7 +20,7 @@ the same configuration without it.
 import re
 from typing import Annotated, Any, Callable, Mapping, Sequence, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from stacks import instance_types
@@ -42,10 +42,26 @@ TRANSFORM_LOG_GROUP = "/aws/sagemaker/TransformJobs"
 # artifact bucket (or a prefix below it that cdk.json names), as <prefix><endpoint>/<variant>/yyyy/mm/dd/hh/*.jsonl.
 DATA_CAPTURE_PREFIX = "data-capture/"
 CAPTURE_MODES = ("input", "output")
+# SageMaker Asynchronous Inference (the async endpoint kind) reads each request's body from, and writes its answer or
+# its failure under, key prefixes of the artifact bucket below this one that cdk.json names (async.input_prefix,
+# output_prefix, failure_prefix).
+ASYNC_INFERENCE_PREFIX = "async-inference/"
 
-ENDPOINT_KINDS = ("cpu", "gpu", "text_generation")
+ENDPOINT_KINDS = ("cpu", "gpu", "text_generation", "async")
 # The kinds the decision adapter serves (the other is llama-server).
-ADAPTER_KINDS = ("cpu", "gpu")
+ADAPTER_KINDS = ("cpu", "gpu", "async")
+# The kinds that run another kind's image (pins.images has no key of their own): the async endpoint is the CPU
+# adapter image behind SageMaker's queue. Every lookup of a kind's image pin goes through image_kind.
+IMAGE_KIND = {"async": "cpu"}
+# The image builds, pins.images' keys.
+IMAGE_KINDS = ("cpu", "gpu", "text_generation")
+# An endpoint kind's field of EnvironmentConfig where it differs from the kind (a Python keyword).
+FIELD_OF_KIND = {"async": "async_"}
+
+
+def image_kind(kind: str) -> str:
+    """The pins.images key (and image build) of an endpoint kind's image."""
+    return IMAGE_KIND.get(kind, kind)
 # The kinds whose Model a Batch Transform job runs: the CPU adapter's. Transform hosts offer NVIDIA drivers 470 and
 # 535 only (TransformAmiVersion), which cannot run the GPU image's CUDA 13 (driver 580 or later), so
 # `python -m endpoint_client transform` refuses the GPU model (endpoint_client/transform.py).
@@ -283,6 +299,22 @@ def _capture_prefix(value: Any) -> str:
     return value
 
 
+def _async_prefix(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _problem(f"expected a key prefix under {ASYNC_INFERENCE_PREFIX} of the artifact bucket, got "
+                       f"{_describe(value)}")
+    if value.startswith(("s3://", "arn:", "/")) or not value.startswith(ASYNC_INFERENCE_PREFIX) \
+            or value == ASYNC_INFERENCE_PREFIX:
+        raise _problem(f"{value!r} is outside the artifact bucket's {ASYNC_INFERENCE_PREFIX} prefix: asynchronous "
+                       f"requests, answers and failures go to this environment's artifact bucket only, each under a "
+                       f"prefix of its own below {ASYNC_INFERENCE_PREFIX} (name a key prefix such as "
+                       f"'{ASYNC_INFERENCE_PREFIX}output/', not a bucket or a URI)")
+    if not _CAPTURE_PREFIX.match(value):
+        raise _problem(f"{value!r} is not a key prefix ending with '/' of a-z A-Z 0-9 ! _ . * ' ( ) - without empty, "
+                       f"'.' or '..' parts")
+    return value
+
+
 def _capture_modes(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
         raise _problem(f"expected a list of {' and/or '.join(CAPTURE_MODES)}, got {_describe(value)}")
@@ -343,6 +375,8 @@ class EndpointSettings(_Settings):
         problems = self._own_problems()
         for key, what in (("target_invocations_per_instance", "target"),):
             per_type = getattr(self, key)
+            if per_type is None:      # a kind that scales on another metric (AsyncEndpointSettings)
+                continue
             for instance_type in self.variant_instance_types:
                 if instance_type not in per_type:
                     problems.append(((key,), f"has no {what} for {instance_type} (every instance type the endpoint "
@@ -371,6 +405,67 @@ class CpuEndpointSettings(EndpointSettings):
     @property
     def variant_instance_types(self) -> tuple[str, ...]:
         return (self.instance_type,)
+
+
+def _no_invocations_target(value: Any) -> None:
+    if value is not None:
+        raise _problem("an asynchronous endpoint publishes no Invocations metric (SageMaker's asynchronous inference "
+                       "metrics), so it cannot track invocations per instance: set target_backlog_per_instance")
+    return None
+
+
+class AsyncEndpointSettings(EndpointSettings):
+    """``async``: the CPU decision adapter behind SageMaker Asynchronous Inference. A caller puts the request body
+    under ``input_prefix`` of the artifact bucket and calls InvokeEndpointAsync; SageMaker queues it, answers into
+    ``output_prefix`` (or ``failure_prefix``) and notifies the endpoint stack's success or error topic. The fleet
+    scales on the queue (ApproximateBacklogSizePerInstance), down to ``min_instance_count``: 0 scales to zero when
+    idle (docs/deploy.md, "Asynchronous inference and dev at zero")."""
+    instance_type: AdapterCpuInstance
+    threads: Integer(1, 192)                      # ADAPTER_THREADS; at most the instance's physical cores
+    # Key prefixes of the artifact bucket under async-inference/: required (no default), distinct and not nested.
+    input_prefix: _checked(_async_prefix, str)
+    output_prefix: _checked(_async_prefix, str)
+    failure_prefix: _checked(_async_prefix, str)
+    # AsyncInferenceConfig.ClientConfig.MaxConcurrentInvocationsPerInstance (SageMaker's range).
+    max_concurrent_invocations_per_instance: Integer(1, 1000)
+    # InvokeEndpointAsync's InvocationTimeoutSeconds (SageMaker's most: 3600), given per request by the client
+    # (CloudFormation's ClientConfig has no such key) and to the adapter as its deadline (ADAPTER_ASYNC_TIMEOUT_S).
+    invocation_timeout_s: Integer(1, 3600)
+    # The scalable target's MinCapacity: 0 = no instance while the queue is empty (the first request after idle
+    # waits for one to start). The endpoint is created with initial_instance_count (SageMaker needs at least 1).
+    min_instance_count: Integer(0, 100)
+    # Target tracking on ApproximateBacklogSizePerInstance (queued requests per instance, Average).
+    target_backlog_per_instance: Integer(1, 100_000)
+    target_invocations_per_instance: _checked(_no_invocations_target, None) = None
+
+    @property
+    def variant_instance_types(self) -> tuple[str, ...]:
+        return (self.instance_type,)
+
+    @property
+    def scaling_target(self) -> int:
+        return self.target_backlog_per_instance
+
+    @property
+    def prefixes(self) -> dict[str, str]:
+        return {"input_prefix": self.input_prefix, "output_prefix": self.output_prefix,
+                "failure_prefix": self.failure_prefix}
+
+    def _own_problems(self) -> list:
+        problems, seen = [], []
+        for key, prefix in self.prefixes.items():
+            for other, earlier in seen:
+                if prefix == earlier:
+                    problems.append(((key,), f"{prefix!r} is also {{key:{other}}}: requests, answers and failures "
+                                     f"each need a prefix of their own", prefix))
+                elif prefix.startswith(earlier) or earlier.startswith(prefix):
+                    problems.append(((key,), f"{prefix!r} and {{key:{other}}} ({earlier!r}) nest: the execution "
+                                     f"role's rights on one would reach the other's objects", prefix))
+            seen.append((key, prefix))
+        if self.min_instance_count > self.initial_instance_count:
+            problems.append((("min_instance_count",), f"{self.min_instance_count} is above initial_instance_count "
+                             f"({self.initial_instance_count})", self.min_instance_count))
+        return problems
 
 
 # The walkthrough's order: the fastest GPU first, falling back on capacity to the older, slower ones.
@@ -459,9 +554,14 @@ PinnedImage = Annotated[ImagePin | None, BeforeValidator(_image_pin)]
 
 
 class ImagePins(_Settings):
+    """One pin per image build (the async kind runs the cpu image: image_kind)."""
     cpu: PinnedImage = None
     gpu: PinnedImage = None
     text_generation: PinnedImage = None
+
+    def of(self, kind: str) -> ImagePin | None:
+        """The pin of an endpoint kind's image."""
+        return getattr(self, image_kind(kind))
 
 
 class ModelPin(_Settings):
@@ -504,7 +604,7 @@ class Pins(_Settings):
 
     @property
     def pinned(self) -> bool:
-        return self.model is not None or any(getattr(self.images, kind) is not None for kind in ENDPOINT_KINDS)
+        return self.model is not None or any(self.images.of(kind) is not None for kind in ENDPOINT_KINDS)
 
 
 def _model_pin_name(value: Any, info: ValidationInfo) -> str:
@@ -713,6 +813,9 @@ class EnvironmentConfig(_Settings):
     cpu: CpuEndpointSettings
     gpu: GpuEndpointSettings
     text_generation: TextGenerationEndpointSettings
+    # `async` is a Python keyword: the field is async_, cdk.json's key "async". Absent: no async endpoint can be
+    # listed (endpoint_settings refuses it).
+    async_: AsyncEndpointSettings | None = Field(default=None, alias="async")
     pins: Pins
     # Another environment of cdk.json whose images and model archive this one deploys (build once, promote by
     # digest); null: this environment builds its own (build). Exactly one of the two is set.
@@ -754,8 +857,11 @@ class EnvironmentConfig(_Settings):
     @model_validator(mode="after")
     def _cross_field_checks(self):
         problems = _repeats("endpoints", self.endpoints, lambda kind, first: f"{kind!r} is listed twice")
+        problems += [(("endpoints", index), f"{kind!r} is listed, but this environment has no {kind!r} settings "
+                      f"(instance type, prefixes, scaling: docs/deploy.md, Asynchronous inference and dev at zero)",
+                      kind) for index, kind in enumerate(self.endpoints) if kind == "async" and self.async_ is None]
         problems += self._artifact_problems()
-        for kind in ENDPOINT_KINDS:
+        for kind in IMAGE_KINDS:
             pin = getattr(self.pins.images, kind)
             if pin is not None and pin.repository is not None and self.region is not None \
                     and pin.repository.region != self.region:
@@ -799,7 +905,7 @@ class EnvironmentConfig(_Settings):
                              f"one of the two keys", None))
         how = f"pin {source}'s artifacts as `python -m endpoint_client promote --from {source} --to {self.name}` " \
               f"writes them"
-        for kind in ENDPOINT_KINDS:
+        for kind in IMAGE_KINDS:
             pin = getattr(self.pins.images, kind)
             if pin is not None and pin.repository is None:
                 problems.append((("pins", "images", kind), f"{pin.digest} names no repository, but this environment "
@@ -837,6 +943,10 @@ class EnvironmentConfig(_Settings):
         """True: log groups (and the key that encrypts them) survive cdk destroy; follows artifacts.removal_policy,
         so an environment whose artifacts are retained (prod) keeps its logs too."""
         return self.artifacts.retain
+
+    def endpoint_settings(self, kind: str) -> EndpointSettings:
+        """An endpoint kind's cdk.json settings (the async kind's key is "async", its field async_)."""
+        return getattr(self, FIELD_OF_KIND.get(kind, kind))
 
     def key(self, *parts: str) -> str:
         """The cdk.json key path of a setting of this environment, for messages."""
@@ -943,7 +1053,7 @@ def _artifact_source(environments: Mapping[str, Any],
                         f"{config.region}: SageMaker pulls images only from ECR in the endpoint's own region, so an "
                         f"environment takes its artifacts from one in the same region (build there, or replicate "
                         f"the repository and pin the copies)")
-    for kind in ENDPOINT_KINDS:
+    for kind in IMAGE_KINDS:
         pin = getattr(config.pins.images, kind)
         if pin is not None and pin.repository is not None and source.account is not None \
                 and pin.repository.account != source.account:
@@ -1118,7 +1228,8 @@ def _message(root: str, problem: Mapping[str, Any]) -> str:
         model = _model_at(EnvironmentConfig, loc[:-1])
         # A model's own keys first, then those it shares with its siblings (EndpointSettings).
         names = [*model.__annotations__, *model.model_fields]
-        expected = [name for name in dict.fromkeys(names) if name in model.model_fields and name not in _FROM_CONTEXT]
+        expected = [model.model_fields[name].alias or name for name in dict.fromkeys(names)
+                    if name in model.model_fields and name not in _FROM_CONTEXT]
         text = f"unknown key (expected one of: {', '.join(expected)})"
     elif kind in ("model_type", "dict_type", "model_attributes_type"):
         text = f"expected an object, got {_describe(problem['input'])}"
@@ -1132,7 +1243,7 @@ def _model_at(model: type[BaseModel], loc: Sequence[str | int]) -> type[BaseMode
     """The model class that validates the object at loc (list indexes pass through to the item type)."""
     for part in loc:
         if isinstance(part, str):
-            model = _model_in(model.model_fields[part].annotation)
+            model = _model_in(model.model_fields[FIELD_OF_KIND.get(part, part)].annotation)
     return model
 
 

@@ -1,15 +1,22 @@
-"""One SageMaker real-time endpoint, as its spec (stacks/endpoint_specs.py) describes it.
+"""One SageMaker endpoint, real-time or asynchronous, as its spec (stacks/endpoint_specs.py) describes it.
 
 It owns the Model, EndpointConfig and Endpoint, the container's log group and the metric filters on its lines,
 the alarms (to the environment's topic), and auto scaling. Model and EndpointConfig have generated names,
 because CloudFormation replaces them on every change; the Endpoint keeps its name and is updated in place:
 SageMaker keeps the variant's current instance count through the update (RetainAllVariantProperties), shifts
 traffic as the spec's DeploymentConfig says, and rolls back to the old fleet when a rollback alarm fires.
+
+An asynchronous endpoint (the spec's async_inference) has an AsyncInferenceConfig (answers and failures under the
+artifact bucket's prefixes, notified on the endpoint stack's two topics) and scales on its queue, down to 0.
+SageMaker's deployment guardrails apply to asynchronous endpoints as to real-time ones (the SageMaker guide:
+deployment guardrails are available for asynchronous and real-time inference endpoints), so it keeps the same
+DeploymentConfig and rollback alarms.
 """
 
 from __future__ import annotations
 
 import aws_cdk as cdk
+import jsii
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
@@ -21,7 +28,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from stacks import updates
-from stacks.endpoint_specs import VARIANT_NAME, Deployment, EndpointSpec
+from stacks.endpoint_specs import INVOCATIONS_NAMESPACE, VARIANT_NAME, Deployment, EndpointSpec, async_metric
 from stacks.retention import retention_days
 from stacks.roles import policy_of
 
@@ -30,7 +37,8 @@ class SageMakerEndpoint(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, spec: EndpointSpec, image_uri: str,
                  model_data_url: str, execution_role: iam.IRole, volume_key: kms.IKey | None,
                  alarm_topic: sns.ITopic, log_retention_days: int, log_key: kms.IKey, retain_logs: bool,
-                 tags: dict[str, str], capture_destination: str | None = None) -> None:
+                 tags: dict[str, str], capture_destination: str | None = None,
+                 async_bucket: str | None = None, async_topics: tuple[sns.ITopic, sns.ITopic] | None = None) -> None:
         super().__init__(scope, construct_id)
         variant = spec.variant
         if volume_key is not None and variant.has_instance_storage:
@@ -123,6 +131,7 @@ class SageMakerEndpoint(Construct):
                                  for mode in capture.capture],
                 capture_content_type_header=sagemaker.CfnEndpointConfig.CaptureContentTypeHeaderProperty(
                     json_content_types=["application/json"])),
+            async_inference_config=_async_inference_config(spec, async_bucket, async_topics),
             tags=cfn_tags)
 
         self.endpoint = sagemaker.CfnEndpoint(
@@ -140,7 +149,7 @@ class SageMakerEndpoint(Construct):
         # Auto Scaling uses its SageMaker service-linked role (no RoleARN). cdk.json autoscaling false leaves both
         # out: SageMaker refuses to change the instance type of a variant registered with auto scaling, so an
         # instance-type change deploys once without them (docs/deploy.md, "Change the instance type or the pools").
-        self.scalable_target = self.scaling_policy = None
+        self.scalable_target = self.scaling_policy = self.scale_from_zero_policy = self.scale_from_zero_alarm = None
         if settings.autoscaling:
             self._add_scaling(spec)
 
@@ -151,9 +160,13 @@ class SageMakerEndpoint(Construct):
             service_namespace="sagemaker",
             scalable_dimension="sagemaker:variant:DesiredInstanceCount",
             resource_id=f"endpoint/{self.endpoint.attr_endpoint_name}/variant/{VARIANT_NAME}",
-            min_capacity=settings.initial_instance_count,
+            # initial_instance_count, or an asynchronous endpoint's min_instance_count (0: none while idle).
+            min_capacity=spec.min_instance_count,
             max_capacity=settings.max_instance_count,
         )
+        if spec.async_inference is not None:
+            self._add_backlog_scaling(spec)
+            return
         self.scaling_policy = appscaling.CfnScalingPolicy(
             self, "InvocationsPerInstance",
             policy_name="invocations-per-instance",
@@ -168,6 +181,83 @@ class SageMakerEndpoint(Construct):
                 scale_out_cooldown=settings.scale_out_cooldown_s,
             ),
         )
+
+
+    def _add_backlog_scaling(self, spec: EndpointSpec) -> None:
+        """AWS's pattern for an asynchronous endpoint that scales to zero: target tracking on the queued requests
+        per instance (ApproximateBacklogSizePerInstance, Average) scales between min and max, in to 0 once the queue
+        is empty; it cannot scale out from 0 instances (a metric per instance has no instance to divide by), so a
+        step policy adds one instance when HasBacklogWithoutCapacity reads 1 (requests queued, no instance)."""
+        settings = spec.settings
+        Policy = appscaling.CfnScalingPolicy
+        self.scaling_policy = Policy(
+            self, "BacklogPerInstance",
+            policy_name="backlog-per-instance",
+            policy_type="TargetTrackingScaling",
+            scaling_target_id=self.scalable_target.ref,
+            target_tracking_scaling_policy_configuration=Policy.TargetTrackingScalingPolicyConfigurationProperty(
+                target_value=spec.scaling_target,
+                customized_metric_specification=Policy.CustomizedMetricSpecificationProperty(
+                    namespace=INVOCATIONS_NAMESPACE, metric_name="ApproximateBacklogSizePerInstance",
+                    dimensions=[Policy.MetricDimensionProperty(name="EndpointName", value=spec.endpoint_name)],
+                    statistic="Average"),
+                scale_in_cooldown=settings.scale_in_cooldown_s,
+                scale_out_cooldown=settings.scale_out_cooldown_s,
+            ),
+        )
+        self.scale_from_zero_policy = Policy(
+            self, "ScaleOutFromZero",
+            policy_name="scale-out-from-zero",
+            policy_type="StepScaling",
+            scaling_target_id=self.scalable_target.ref,
+            step_scaling_policy_configuration=Policy.StepScalingPolicyConfigurationProperty(
+                adjustment_type="ChangeInCapacity", metric_aggregation_type="Average",
+                cooldown=settings.scale_out_cooldown_s,
+                step_adjustments=[Policy.StepAdjustmentProperty(metric_interval_lower_bound=0,
+                                                                scaling_adjustment=1)]),
+        )
+        # Not an alarm of the spec: it notifies nobody and rolls nothing back; it only starts the first instance.
+        self.scale_from_zero_alarm = cloudwatch.Alarm(
+            self, "HasBacklogWithoutCapacity",
+            alarm_description=f"{spec.endpoint_name}: requests are queued and no instance runs: add one "
+                              f"(the step policy scale-out-from-zero)",
+            metric=async_metric(spec.endpoint_name, "HasBacklogWithoutCapacity"),
+            threshold=1, comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            evaluation_periods=1, datapoints_to_alarm=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING)
+        self.scale_from_zero_alarm.add_alarm_action(_PolicyAction(self.scale_from_zero_policy.attr_arn))
+
+
+@jsii.implements(cloudwatch.IAlarmAction)
+class _PolicyAction:
+    """An alarm action that runs an Application Auto Scaling policy given by its ARN (a CfnScalingPolicy)."""
+
+    def __init__(self, policy_arn: str) -> None:
+        self.policy_arn = policy_arn
+
+    def bind(self, scope: Construct, alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
+        return cloudwatch.AlarmActionConfig(alarm_action_arn=self.policy_arn)
+
+
+def _async_inference_config(spec: EndpointSpec, bucket: str | None, topics: tuple[sns.ITopic, sns.ITopic] | None
+                            ) -> sagemaker.CfnEndpointConfig.AsyncInferenceConfigProperty | None:
+    """Answers and failures under the artifact bucket's prefixes (S3-managed encryption: no KmsKeyId), each
+    notified on its topic; at most max_concurrent_invocations_per_instance requests sent to an instance at once."""
+    asynchronous = spec.async_inference
+    if asynchronous is None:
+        return None
+    if bucket is None or topics is None:
+        raise ValueError(f"{spec.endpoint_name}: an asynchronous endpoint needs its bucket and topics")
+    EndpointConfig = sagemaker.CfnEndpointConfig
+    success, error = topics
+    return EndpointConfig.AsyncInferenceConfigProperty(
+        output_config=EndpointConfig.AsyncInferenceOutputConfigProperty(
+            s3_output_path=f"s3://{bucket}/{asynchronous.output_prefix}",
+            s3_failure_path=f"s3://{bucket}/{asynchronous.failure_prefix}",
+            notification_config=EndpointConfig.AsyncInferenceNotificationConfigProperty(
+                success_topic=success.topic_arn, error_topic=error.topic_arn)),
+        client_config=EndpointConfig.AsyncInferenceClientConfigProperty(
+            max_concurrent_invocations_per_instance=asynchronous.max_concurrent_invocations_per_instance))
 
 
 def _deployment_config(deployment: Deployment, rollback_alarms: list[cloudwatch.Alarm]

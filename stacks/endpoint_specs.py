@@ -49,8 +49,8 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 
 from stacks import instance_types, sizing, updates
 from stacks.adapter_logs import metric_logs
-from stacks.config import (ADAPTER_KINDS, TRANSFORM_KINDS, ConfigError, EndpointSettings, EnvironmentConfig, ImagePin,
-                           ModelPin, VpcSettings)
+from stacks.config import (ADAPTER_KINDS, TRANSFORM_KINDS, AsyncEndpointSettings, ConfigError, EndpointSettings,
+                           EnvironmentConfig, ImagePin, ModelPin, VpcSettings, image_kind)
 
 VARIANT_NAME = "AllTraffic"
 # How long SageMaker watches the alarms after each traffic shift (and before it terminates the old fleet): every
@@ -109,6 +109,19 @@ class Variant:
     def has_instance_storage(self) -> bool:
         """Local NVMe on any instance type: SageMaker encrypts it in hardware and refuses a volume KMS key."""
         return any(map(instance_types.has_instance_storage, self.instance_types))
+
+
+@dataclass(frozen=True)
+class AsyncInference:
+    """SageMaker Asynchronous Inference (the EndpointConfig's AsyncInferenceConfig): key prefixes of the artifact
+    bucket for requests, answers and failures, the requests SageMaker sends an instance at once, and how scaling
+    reads the queue (target tracking on the backlog per instance; a step out from 0 instances on
+    HasBacklogWithoutCapacity, which target tracking cannot do: AWS's pattern for scaling to zero)."""
+    input_prefix: str
+    output_prefix: str
+    failure_prefix: str
+    max_concurrent_invocations_per_instance: int
+    invocation_timeout_s: int
 
 
 @dataclass(frozen=True)
@@ -200,6 +213,11 @@ class EndpointSpec:
     scaling_target: int                # invocations per instance and minute, the lowest of the variant's types
     deployment: Deployment
     serves_batch_transform: bool       # its Model takes Batch Transform jobs (config.TRANSFORM_KINDS)
+    # The scalable target's MinCapacity: initial_instance_count, or (asynchronous inference) cdk.json's
+    # min_instance_count, down to 0.
+    min_instance_count: int
+    # None: a real-time endpoint, scaling on invocations per instance.
+    async_inference: AsyncInference | None = None
     log_metrics: tuple[LogMetric, ...] = ()
     alarms: tuple[AlarmSpec, ...] = field(default=())
     vpc: VpcSettings | None = None     # the environment's subnets and security groups (the Model's VpcConfig)
@@ -229,7 +247,9 @@ class EndpointSpec:
 def endpoint_specs(config: EnvironmentConfig) -> tuple[EndpointSpec, ...]:
     """Every endpoint kind, enabled or not (a disabled or unpinned one gets an empty stack)."""
     gguf_bytes = _model_bytes(config)
-    return (_cpu_spec(config, gguf_bytes), _gpu_spec(config, gguf_bytes), _text_generation_spec(config, gguf_bytes))
+    specs = (_cpu_spec(config, gguf_bytes), _gpu_spec(config, gguf_bytes), _text_generation_spec(config, gguf_bytes))
+    # The async kind exists where cdk.json has its settings (it may be listed only then: EnvironmentConfig).
+    return specs + (() if config.async_ is None else (_async_spec(config, gguf_bytes),))
 
 
 def _model_bytes(config: EnvironmentConfig) -> int:
@@ -296,6 +316,25 @@ def _text_generation_spec(config: EnvironmentConfig, gguf_bytes: int) -> Endpoin
                  gguf_bytes, utilization=_cpu_utilization(variant), scarce_capacity=False)
 
 
+def _async_spec(config: EnvironmentConfig, gguf_bytes: int) -> EndpointSpec:
+    """The CPU adapter image behind SageMaker's queue (pins.images.cpu: config.image_kind)."""
+    settings: AsyncEndpointSettings = config.async_
+    # One request per instance at a time from SageMaker's queue (MaxConcurrentInvocationsPerInstance), so no routing.
+    variant = Variant(instance_type=settings.instance_type,
+                      volume_size_gib=_storage((settings.instance_type,), gguf_bytes))
+    # container/decision_adapter/settings.py: ADAPTER_DEPLOYMENT=async answers each request within 90 % of
+    # ADAPTER_ASYNC_TIMEOUT_S, the InvocationTimeoutSeconds the client gives InvokeEndpointAsync.
+    environment = {"ADAPTER_THREADS": str(settings.threads), "ADAPTER_GPU_LAYERS": "0",
+                   "ADAPTER_DEPLOYMENT": "async", "ADAPTER_ASYNC_TIMEOUT_S": str(settings.invocation_timeout_s)}
+    asynchronous = AsyncInference(
+        input_prefix=settings.input_prefix, output_prefix=settings.output_prefix,
+        failure_prefix=settings.failure_prefix,
+        max_concurrent_invocations_per_instance=settings.max_concurrent_invocations_per_instance,
+        invocation_timeout_s=settings.invocation_timeout_s)
+    return _spec(config, "async", "asynchronous CPU decision adapter", settings, variant, environment, gguf_bytes,
+                 utilization=_cpu_utilization(variant), scarce_capacity=False, async_inference=asynchronous)
+
+
 def _cpu_utilization(variant: Variant) -> tuple[str, str, float, float, str]:
     # CPUUtilization sums the cores: 100 % per vCPU.
     vcpus = min(map(instance_types.vcpus, variant.instance_types))
@@ -305,12 +344,12 @@ def _cpu_utilization(variant: Variant) -> tuple[str, str, float, float, str]:
 
 def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSettings, variant: Variant,
           environment: dict[str, str], gguf_bytes: int, *, utilization: tuple[str, str, float, float, str],
-          scarce_capacity: bool) -> EndpointSpec:
+          scarce_capacity: bool, async_inference: AsyncInference | None = None) -> EndpointSpec:
     adapter = kind in ADAPTER_KINDS
     slug = kind.replace("_", "-")
     endpoint_name = config.endpoint_name(kind)
-    image = getattr(config.pins.images, kind)
-    missing = tuple(key for key, value in ((config.key("pins", "images", kind), image),
+    image = config.pins.images.of(kind)
+    missing = tuple(key for key, value in ((config.key("pins", "images", image_kind(kind)), image),
                                            (config.key("pins", "model"), config.pins.model)) if value is None)
     log_metrics = _adapter_log_metrics() if adapter else ()
     namespace = f"{ADAPTER_METRICS_NAMESPACE}/{endpoint_name}"
@@ -320,6 +359,8 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
     deployment = _check_canary(config, kind, settings, _deployment(settings, variant, scarce_capacity))
     alarms = _alarms(endpoint_name, variant, utilization, adapter_namespace=namespace if adapter else None,
                      slow_release_ms_per_token=slow_release)
+    if async_inference is not None:
+        alarms += (_oldest_request_alarm(endpoint_name, settings, async_inference),)
     _check_rollback_windows(config, kind, alarms, deployment)
     if adapter and image is not None:
         # The adapter names its image in every answer's x_request (a captured record says which release answered).
@@ -330,7 +371,34 @@ def _spec(config: EnvironmentConfig, kind: str, title: str, settings: EndpointSe
         image=image, model=config.pins.model, settings=settings, variant=variant, environment=environment,
         scaling_target=settings.scaling_target, deployment=deployment,
         serves_batch_transform=kind in TRANSFORM_KINDS,
-        log_metrics=log_metrics, alarms=alarms, vpc=config.vpc)
+        min_instance_count=getattr(settings, "min_instance_count", settings.initial_instance_count),
+        async_inference=async_inference, log_metrics=log_metrics, alarms=alarms, vpc=config.vpc)
+
+
+def async_metric(endpoint_name: str, metric_name: str, statistic: str = "Average",
+                 period: Duration = Duration.minutes(1)) -> cloudwatch.Metric:
+    """An asynchronous endpoint's queue metric (ApproximateBacklogSize, ApproximateBacklogSizePerInstance,
+    ApproximateAgeOfOldestRequest, HasBacklogWithoutCapacity): AWS/SageMaker, dimension EndpointName alone."""
+    return cloudwatch.Metric(namespace=INVOCATIONS_NAMESPACE, metric_name=metric_name, statistic=statistic,
+                             period=period, dimensions_map={"EndpointName": endpoint_name})
+
+
+def oldest_request_threshold_s(settings: EndpointSettings, asynchronous: AsyncInference) -> int:
+    """The age of the oldest queued request that no healthy queue reaches: an instance started from zero (download
+    and start-up, each within its timeout) and one whole invocation."""
+    return settings.model_download_timeout_s + settings.startup_health_check_timeout_s + \
+        asynchronous.invocation_timeout_s
+
+
+def _oldest_request_alarm(endpoint_name: str, settings: EndpointSettings, asynchronous: AsyncInference) -> AlarmSpec:
+    # Load (or no capacity), not a fault of a release: it notifies and never rolls an update back.
+    threshold = oldest_request_threshold_s(settings, asynchronous)
+    metric = async_metric(endpoint_name, "ApproximateAgeOfOldestRequest", statistic="Maximum")
+    periods = _m_of_n(metric, 3)
+    return _alarm("OldestRequestAge", f"{endpoint_name}: the oldest queued request was older than {threshold} s "
+                  f"(an instance's download and start-up timeouts and one invocation's timeout) in {periods[1]} of "
+                  f"{periods[0]} minutes: the queue is not drained (max_instance_count reached, or no instance "
+                  "starts)", metric, threshold, 3, rolls_back=False, ceiling=None)
 
 
 def _check_rollback_windows(config: EnvironmentConfig, kind: str, alarms: tuple[AlarmSpec, ...],
@@ -355,8 +423,10 @@ def _check_rollback_windows(config: EnvironmentConfig, kind: str, alarms: tuple[
 
 
 def _deployment(settings: EndpointSettings, variant: Variant, scarce_capacity: bool) -> Deployment:
-    # The fleet never has fewer instances than the scaling minimum (initial_instance_count).
-    update = updates.plan(scarce_capacity=scarce_capacity, initial_instance_count=settings.initial_instance_count)
+    # The fleet never has fewer instances than the scaling minimum: initial_instance_count, or an asynchronous
+    # endpoint's min_instance_count (0: one instance at a time, all at once, is all an update can count on).
+    minimum = getattr(settings, "min_instance_count", settings.initial_instance_count)
+    update = updates.plan(scarce_capacity=scarce_capacity, initial_instance_count=minimum)
     # One step: provision (pools fall back within provision_timeout_s), download, health check, bake. Rolling
     # at 50 % takes two steps; blue/green a canary step and the final bake; with rollback time beside them.
     step_s = (variant.provision_timeout_s or 0) + settings.model_download_timeout_s + \

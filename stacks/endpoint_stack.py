@@ -108,9 +108,12 @@ class EndpointStack(cdk.Stack):
                 description=f"{name_prefix}: encrypts the EBS volumes of the {spec.title} endpoint")
 
         capture_destination = self._grant_data_capture(role) if spec.settings.data_capture is not None else None
+        self.notification_topics = self._async_topics(role, name_prefix) if spec.async_inference is not None else None
         self.endpoint = SageMakerEndpoint(
             self, "Endpoint", spec=spec, image_uri=self._image_uri(), execution_role=role,
             capture_destination=capture_destination,
+            async_bucket=artifacts.bucket.bucket_name if spec.async_inference is not None else None,
+            async_topics=self.notification_topics,
             model_data_url=f"s3://{model.bucket or artifacts.bucket.bucket_name}/{model.s3_key}",
             volume_key=self.volume_key,
             alarm_topic=alarm_topic, log_retention_days=log_retention_days,
@@ -121,6 +124,8 @@ class EndpointStack(cdk.Stack):
                       description=f"python -m endpoint_client --endpoint-name <this> ({spec.kind})")
         cdk.CfnOutput(self, "ModelName", value=self.endpoint.model.attr_model_name,
                       description="The pinned Model (Batch Transform runs on it)")
+        if spec.async_inference is not None:
+            self._async_outputs()
         if spec.serves_batch_transform:
             cdk.CfnOutput(self, "TransformInstanceType", value=spec.variant.instance_types[0],
                           description="python -m endpoint_client transform uses it unless --instance-type is given")
@@ -168,6 +173,58 @@ class EndpointStack(cdk.Stack):
                         "SageMaker's data capture names its objects per variant, hour and file; the role may only put "
                         f"objects under this endpoint's part of the {capture.prefix} prefix of the artifact bucket.")
         return f"s3://{artifacts.bucket.bucket_name}/{capture.prefix}"
+
+    def _async_topics(self, role: iam.Role, name_prefix: str) -> tuple[sns.Topic, sns.Topic]:
+        """Asynchronous inference: SageMaker reads each request's body under the input prefix, writes its answer
+        under the output prefix or its failure under the failure prefix, and notifies the success or the error
+        topic, all with the execution role. The role may do exactly that: get objects under the one prefix, put
+        objects under the two others, publish to the two topics (encrypted with a key of this stack, which the role
+        may use for them: Topic.grant_publish). Every request without TLS to a topic is denied."""
+        asynchronous, artifacts = self.spec.async_inference, self._artifacts
+        topic_key = kms.Key(
+            self, "NotificationTopicKey", enable_key_rotation=True, pending_window=cdk.Duration.days(7),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+            description=f"{name_prefix}: encrypts the {self.spec.title} endpoint's success and error notifications")
+        topics = tuple(sns.Topic(self, f"{what}Topic", display_name=f"{self.spec.endpoint_name} {what.lower()}",
+                                 master_key=topic_key, enforce_ssl=True) for what in ("Success", "Error"))
+        for topic in topics:
+            topic.grant_publish(role)
+        nag.acknowledge(role, "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+                        "Topic.grant_publish: SageMaker publishes each notification encrypted with the topics' own key "
+                        "(this stack's, for these two topics only); GenerateDataKey* are the two data-key calls of "
+                        "that one key.")
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadAsyncRequests", actions=["s3:GetObject"],
+            resources=[artifacts.bucket_objects_arn(f"{asynchronous.input_prefix}*")]))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteAsyncResults", actions=["s3:PutObject"],
+            resources=[artifacts.bucket_objects_arn(f"{prefix}*")
+                       for prefix in (asynchronous.output_prefix, asynchronous.failure_prefix)]))
+        for prefix, why in ((asynchronous.input_prefix, "reads each request's body, named by its caller,"),
+                            (asynchronous.output_prefix, "writes each answer, named by its inference id,"),
+                            (asynchronous.failure_prefix, "writes each failure, named by its inference id,")):
+            nag.acknowledge(role, artifacts.bucket_objects_finding(f"{prefix}*"),
+                            f"Asynchronous inference {why} under the {prefix} prefix of the artifact bucket only.")
+        return topics
+
+    def _async_outputs(self) -> None:
+        """What `python -m endpoint_client invoke --async` and acceptance read: where to put a request, where its
+        answer or failure appears, the topics, and the timeout to give InvokeEndpointAsync."""
+        asynchronous = self.spec.async_inference
+        # Key prefixes of the artifact bucket (the artifacts stack's ArtifactBucketName: an output may not be an
+        # import of another stack's).
+        for name, prefix, what in (("AsyncInputPrefix", asynchronous.input_prefix, "request bodies"),
+                                   ("AsyncOutputPrefix", asynchronous.output_prefix, "answers"),
+                                   ("AsyncFailurePrefix", asynchronous.failure_prefix, "failures")):
+            cdk.CfnOutput(self, name, value=prefix,
+                          description=f"Asynchronous inference: {what}, under this key prefix of the artifact bucket")
+        success, error = self.notification_topics
+        cdk.CfnOutput(self, "AsyncSuccessTopicArn", value=success.topic_arn,
+                      description="Notified of each answer (subscribe to be told)")
+        cdk.CfnOutput(self, "AsyncErrorTopicArn", value=error.topic_arn,
+                      description="Notified of each failure (subscribe to be told)")
+        cdk.CfnOutput(self, "AsyncInvocationTimeoutS", value=str(asynchronous.invocation_timeout_s),
+                      description="InvokeEndpointAsync's InvocationTimeoutSeconds (the adapter's deadline)")
 
     def _grant_batch_transform(self, role: iam.Role) -> None:
         artifacts = self._artifacts

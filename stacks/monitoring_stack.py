@@ -19,7 +19,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from stacks.config import EnvironmentConfig
-from stacks.endpoint_specs import EndpointSpec, invocations_metric, latency_metric
+from stacks.endpoint_specs import EndpointSpec, async_metric, invocations_metric, latency_metric
 
 
 class MonitoringStack(cdk.Stack):
@@ -75,6 +75,10 @@ def _endpoint_row(spec: EndpointSpec) -> list[cloudwatch.IWidget]:
     widgets: list[cloudwatch.IWidget] = [
         cloudwatch.TextWidget(markdown=f"## {spec.endpoint_name}\n{spec.title}; stack `{spec.stack_name}`",
                               width=24, height=1),
+        # An asynchronous endpoint publishes no Invocations metric: its queue instead.
+        cloudwatch.GraphWidget(title="Queued requests (ApproximateBacklogSize)",
+                               left=[async_metric(spec.endpoint_name, "ApproximateBacklogSize")], width=6)
+        if spec.async_inference is not None else
         cloudwatch.GraphWidget(title="Invocations", left=[invocations_metric(spec.endpoint_name)], width=6),
         # Shown, not alarmed: latency moves with load and request shape (stacks/endpoint_specs.py).
         cloudwatch.GraphWidget(title="ModelLatency p99 (microseconds)", left=[latency_metric(spec.endpoint_name)],

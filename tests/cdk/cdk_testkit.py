@@ -29,7 +29,8 @@ from deploy import pins as test_pins
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 CDK_JSON = REPOSITORY_ROOT / "cdk.json"
 ENVIRONMENTS = ("dev", "prod")
-ENDPOINT_STACKS = {"cpu": "endpoint-cpu", "gpu": "endpoint-gpu", "text_generation": "endpoint-text-generation"}
+ENDPOINT_STACKS = {"cpu": "endpoint-cpu", "gpu": "endpoint-gpu", "text_generation": "endpoint-text-generation",
+                   "async": "endpoint-async"}
 STACK_KINDS = ("artifacts", "build", "monitoring", "review", "access", *ENDPOINT_STACKS.values())
 
 TEST_PINS = test_pins.pins_for({"build": {"model_pin": "qwen3.5-4b"}})

@@ -277,6 +277,7 @@ def endpoint_execution_requests(deployment: Deployment, stack: str) -> list[Requ
                       source="SageMaker: instance metrics")]
     found += network_interface_requests(deployment, stack)
     found += data_capture_requests(deployment, stack)
+    found += async_inference_requests(deployment, stack)
     rollback = deployment.resolve(stack, endpoint["Properties"]["DeploymentConfig"])["AutoRollbackConfiguration"]
     found += [Request("cloudwatch:DescribeAlarms", f"arn:{deployment.partition}:cloudwatch:{deployment.region}:"
                       f"{deployment.account}:alarm:{alarm['AlarmName']}", source="SageMaker: AutoRollbackConfiguration")
@@ -299,6 +300,48 @@ def data_capture_requests(deployment: Deployment, stack: str, *, endpoint_name: 
     key = f"{prefix}{name}/{variant}/2027/01/01/00/00-00-000-0123abcd-4567-89ef-0123-456789abcdef.jsonl"
     return [Request("s3:PutObject", f"arn:{deployment.partition}:s3:::{bucket}/{key}",
                     source="SageMaker: DataCaptureConfig")]
+
+
+# An asynchronous request as SageMaker names its objects: the caller's input key, the answer <inference id>.out and
+# the failure <inference id>-error.out under the output and failure paths.
+EXAMPLE_INFERENCE_ID = "0123abcd-4567-89ef-0123-456789abcdef"
+
+
+def async_inference_requests(deployment: Deployment, stack: str, *, input_key: str | None = None,
+                             output_key: str | None = None, failure_key: str | None = None,
+                             with_keys: bool = False) -> list[Request]:
+    """SageMaker's calls with the execution role where the EndpointConfig has an AsyncInferenceConfig (none without
+    one): the request body read from the caller's InputLocation (under the stack's AsyncInputPrefix output), the
+    answer written under S3OutputPath or the failure under S3FailurePath, and the success or error notification
+    published to its topic; ``with_keys``: also SNS's calls on the topics' KMS key with the publisher's rights (to
+    evaluate with the key's policy, tests/cdk/test_cdk_async.py). The object keys replace the defaults (a negative
+    check)."""
+    (config,) = deployment.resources_of_type(stack, "AWS::SageMaker::EndpointConfig").values()
+    if "AsyncInferenceConfig" not in config["Properties"]:
+        return []
+    output = deployment.resolve(stack, config["Properties"]["AsyncInferenceConfig"]["OutputConfig"])
+    input_prefix = deployment.output(stack, "AsyncInputPrefix")
+    bucket, _, output_prefix = output["S3OutputPath"].removeprefix("s3://").partition("/")
+    _, _, failure_prefix = output["S3FailurePath"].removeprefix("s3://").partition("/")
+    objects = f"arn:{deployment.partition}:s3:::{bucket}/"
+    found = [Request("s3:GetObject", objects + (input_key or f"{input_prefix}request-{EXAMPLE_INFERENCE_ID}.json"),
+                     source="SageMaker: InvokeEndpointAsync InputLocation"),
+             Request("s3:PutObject", objects + (output_key or f"{output_prefix}{EXAMPLE_INFERENCE_ID}.out"),
+                     source="SageMaker: AsyncInferenceConfig S3OutputPath"),
+             Request("s3:PutObject", objects + (failure_key or f"{failure_prefix}{EXAMPLE_INFERENCE_ID}-error.out"),
+                     source="SageMaker: AsyncInferenceConfig S3FailurePath")]
+    topics = {logical_id: topic for logical_id, topic in deployment.resources_of_type(stack, "AWS::SNS::Topic").items()}
+    notified = output["NotificationConfig"]
+    for which in ("SuccessTopic", "ErrorTopic"):
+        arn = notified[which]
+        (logical_id,) = [lid for lid in topics if deployment.arn(stack, lid) == arn]
+        key = deployment.resolve(stack, topics[logical_id]["Properties"]["KmsMasterKeyId"])
+        found += [Request("sns:Publish", arn, source=f"SageMaker: NotificationConfig {which}")]
+        # SNS encrypts the message with the topic's key, with the publisher's rights.
+        found += [Request(action, key, {"kms:ViaService": f"sns.{deployment.region}.amazonaws.com"},
+                          source=f"SNS: {which} encrypted") for action in ("kms:GenerateDataKey", "kms:Decrypt")
+                  if with_keys]
+    return found
 
 
 EXAMPLE_INTERFACE = "eni-0123456789abcdef0"

@@ -69,6 +69,8 @@ class Resolver:
             return resource["Properties"]["LogGroupName"]
         if resource["Type"] == "AWS::CloudWatch::Alarm":
             return resource["Properties"].get("AlarmName") or f"stack-{logical_id[:40]}-A1B2C3D4E5F6"
+        if resource["Type"] == "AWS::SNS::Topic":      # its Ref is its ARN
+            return f"arn:aws:sns:{REGION}:{ACCOUNT}:stack-{logical_id[:40]}-A1B2C3D4E5F6"
         return f"{logical_id.lower()[:40]}-a1b2c3"
 
     def get_att(self, logical_id: str, attribute: str) -> str:
@@ -82,6 +84,9 @@ class Resolver:
             ("AWS::SageMaker::Endpoint", "EndpointName"): resource["Properties"].get("EndpointName", name),
             ("AWS::Logs::LogGroup", "Arn"): f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{name}:*",
             ("AWS::CloudWatch::Alarm", "Arn"): f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{self.ref(logical_id)}",
+            ("AWS::ApplicationAutoScaling::ScalingPolicy", "Arn"):
+                f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:scalingPolicy:1234abcd-12ab-34cd-56ef-1234567890ab:resource/"
+                f"sagemaker/endpoint/x/variant/AllTraffic:policyName/{logical_id.lower()}",
         }[(resource["Type"], attribute)]
 
     @staticmethod

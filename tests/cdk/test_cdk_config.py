@@ -49,7 +49,9 @@ def removing(path: str):
 def test_shipped_environments_parse(env, pinned):
     config = parse(env, pinned=pinned)
     assert config.name == env
-    assert config.endpoints == ("cpu", "gpu", "text_generation")
+    # Both list the asynchronous endpoint: dev scales it to zero when idle, prod keeps one instance.
+    assert config.endpoints == ("cpu", "gpu", "text_generation", "async")
+    assert config.async_.min_instance_count == (0 if env == "dev" else 1)
     assert config.artifacts.retain is (env == "prod")
     assert 1 <= len(config.gpu.instance_pools) <= 5
     assert (config.pins.model is not None) is pinned
@@ -482,7 +484,8 @@ def test_prod_deploys_devs_artifacts_and_dev_names_prods_execution_roles():
     assert (consumer.name, consumer.account, consumer.region, consumer.name_prefix) == ("prod", None, None,
                                                                                          "decision-prod")
     assert consumer.execution_role_names == ("decision-prod-cpu-execution", "decision-prod-gpu-execution",
-                                             "decision-prod-text-generation-execution")
+                                             "decision-prod-text-generation-execution",
+                                             "decision-prod-async-execution")
     assert dev.artifact_source is None and dev.build is not None
 
 
@@ -564,7 +567,8 @@ def _with_build(environment):
     ({"prod": setting("account", "12345")}, "dev",
      "environments.prod.account: '12345' is not a 12-digit AWS account id (its artifacts_from names dev"),
     ({"prod": setting("endpoints", ["cpu", "tpu"])}, "dev",
-     "environments.prod.endpoints: expected a list of endpoint kinds (cpu, gpu, text_generation), got a list"),
+     "environments.prod.endpoints: expected a list of endpoint kinds (cpu, gpu, text_generation, async), got a "
+     "list"),
     ({"prod": setting("artifact_consumers", [])}, "prod", "environments.prod.artifact_consumers: unknown key"),
 ], ids=["unknown", "not-a-name", "itself", "chain", "source-builds-nothing", "both", "neither", "bare-digest",
         "model-without-bucket", "bucket-case", "bucket-ip", "bucket-dots", "other-region", "other-account",

@@ -22,12 +22,13 @@ import role_calls
 from cdk_testkit import EXAMPLE_REGION, TEST_PINS
 from deploy import pins as test_pins
 from deploy.iam_simulation import Deployment, Request, denied, evaluate
+from stacks.config import image_kind
 
 DEV_ACCOUNT = "111122223333"
 OTHER_ACCOUNT = "444455556666"
-KINDS = ("cpu", "gpu", "text_generation")
+KINDS = ("cpu", "gpu", "text_generation", "async")
 ROLE_NAMES = ("decision-prod-cpu-execution", "decision-prod-gpu-execution",
-              "decision-prod-text-generation-execution")
+              "decision-prod-text-generation-execution", "decision-prod-async-execution")
 
 
 def context(env: str, prod_account: str, prod_pins: dict | None = None) -> dict:
@@ -90,7 +91,9 @@ class Pair:
         stack, role = self.execution_role(kind)
         role_arn = self.prod.arn(stack, role)
         found = [r for r in role_calls.endpoint_execution_requests(self.prod, stack)
-                 if r.action == "s3:GetObject" or r.action in role_calls.ECR_PULL]
+                 # the archive (not an asynchronous request's body, in prod's own bucket)
+                 if (r.action == "s3:GetObject" and r.source == "SageMaker: ModelDataUrl")
+                 or r.action in role_calls.ECR_PULL]
         assert {r.action for r in found} == {"s3:GetObject", *role_calls.ECR_PULL}
         return [with_principal(r, role_arn, self.prod_account) for r in found]
 
@@ -160,7 +163,7 @@ def test_prods_roles_are_named_and_read_exactly_the_pinned_artifacts(pair):
         assert pull["Resource"] == f"arn:aws:ecr:{EXAMPLE_REGION}:{DEV_ACCOUNT}:repository/{pair.repository}"
         (model,) = pair.prod.resources_of_type(stack, "AWS::SageMaker::Model").values()
         container = pair.prod.resolve(stack, model["Properties"]["PrimaryContainer"])
-        assert container["Image"] == pair.prod_pins["images"][kind]
+        assert container["Image"] == pair.prod_pins["images"][image_kind(kind)]
         assert container["ModelDataUrl"] == f"s3://{pair.bucket}/{TEST_PINS['model']['s3_key']}"
 
 

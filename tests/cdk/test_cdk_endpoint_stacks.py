@@ -12,9 +12,12 @@ from cdk_testkit import (ENDPOINT_STACKS, EXAMPLE_REGION, MODEL_SHA256, REPOSITO
                          statements)
 from stacks import instance_types, sizing
 from stacks.adapter_logs import metric_logs
+from stacks.config import image_kind
 
 KINDS = tuple(ENDPOINT_STACKS)
-ADAPTER_KINDS = ("cpu", "gpu")
+ADAPTER_KINDS = ("cpu", "gpu", "async")
+# The real-time kinds (the asynchronous one, its queue, scaling and prefixes: test_cdk_async.py).
+REALTIME_KINDS = tuple(kind for kind in KINDS if kind != "async")
 MODEL_KEY = TEST_PINS["model"]["s3_key"]
 WALKTHROUGH_POOLS = ["ml.g6e.xlarge", "ml.g6.xlarge", "ml.g5.xlarge", "ml.g4dn.xlarge"]
 
@@ -44,8 +47,9 @@ def endpoint(synth, kind):
 def alarms(synth, kind):
     """{construct id prefix (e.g. 'EndpointBusyRate'): alarm resource} of one endpoint stack."""
     found = synth.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm")
+    # Not the asynchronous endpoint's scale-out alarm, which only runs a scaling policy (test_cdk_async.py).
     return {re.sub(r"[0-9A-F]{8}$", "", logical_id).removeprefix("Endpoint"): alarm
-            for logical_id, alarm in found.items()}
+            for logical_id, alarm in found.items() if not logical_id.startswith("EndpointHasBacklogWithoutCapacity")}
 
 
 def logical_id(synth, kind, resource_type):
@@ -59,7 +63,9 @@ def test_each_kind_has_its_own_stack_with_one_of_everything(pinned, kind):
     for resource_type in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
                           "AWS::ApplicationAutoScaling::ScalableTarget", "AWS::ApplicationAutoScaling::ScalingPolicy",
                           "AWS::IAM::Role", "AWS::Logs::LogGroup"):
-        template.resource_count_is(resource_type, 1)
+        # The asynchronous endpoint also steps out from 0 instances (a second policy).
+        count = 2 if kind == "async" and resource_type.endswith("ScalingPolicy") else 1
+        template.resource_count_is(resource_type, count)
     assert endpoint(pinned, kind)["Properties"]["EndpointName"] == f"{pinned.prefix}-{kind.replace('_', '-')}"
 
 
@@ -95,12 +101,12 @@ def test_every_model_runs_network_isolated_on_the_pinned_archive(pinned):
 @pytest.mark.parametrize("kind", KINDS)
 def test_images_are_the_pinned_digests_in_the_project_repository(pinned, kind):
     image = flatten(model(pinned, kind)["PrimaryContainer"]["Image"])
-    digest = TEST_PINS["images"][kind]
+    digest = TEST_PINS["images"][image_kind(kind)]     # the async kind runs the cpu image
     if cdk_testkit.builds(pinned.env):
         assert re.fullmatch(rf".*/{pinned.prefix}-artifacts:ExportsOutputRefImageRepository\w+@{digest}", image), \
             image
     else:   # the source's (dev's) repository, as the pin names it in full
-        assert image == cdk_testkit.pins_of(pinned.env)["images"][kind] and image.endswith(f"@{digest}")
+        assert image == cdk_testkit.pins_of(pinned.env)["images"][image_kind(kind)] and image.endswith(f"@{digest}")
         assert "/decision-dev-artifacts-imagerepository" in image
     assert ".dkr.ecr." in image and ":latest" not in image
 
@@ -174,7 +180,7 @@ def test_cpu_variants_have_an_instance_type_and_no_pools(pinned, kind):
 def test_adapter_variants_route_to_the_least_busy_instance(pinned, kind):
     """The adapter answers a busy 503 beyond its queue: send requests where fewest are outstanding."""
     routing = variant(pinned, kind).get("RoutingConfig")
-    if kind in ADAPTER_KINDS:
+    if kind in REALTIME_KINDS and kind in ADAPTER_KINDS:   # SageMaker's queue feeds the asynchronous one
         assert routing == {"RoutingStrategy": "LEAST_OUTSTANDING_REQUESTS"}
     else:
         assert routing is None
@@ -208,7 +214,7 @@ def test_ebs_volumes_hold_the_pinned_model_twice_below_the_disk_alarm_and_nvme_t
     assert 1 <= production_variant["VolumeSizeInGB"] <= 512
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", REALTIME_KINDS)
 def test_scaling_tracks_invocations_with_the_instance_types_target(pinned, kind):
     config = settings(pinned, kind)
     target = one(pinned, kind, "AWS::ApplicationAutoScaling::ScalableTarget")["Properties"]
@@ -299,6 +305,8 @@ def test_alarms_watch_the_endpoint_and_notify_the_environment_topic(pinned, kind
                 "GpuUtilization" if kind == "gpu" else "CpuUtilization"}
     if kind in ADAPTER_KINDS:
         expected |= {"BusyRate", "ScoringFailures", "SlowCompute"}
+    if kind == "async":
+        expected |= {"OldestRequestAge"}
     assert set(found) == expected
     name = f"{pinned.prefix}-{kind.replace('_', '-')}"
     for alarm_id, alarm in found.items():
@@ -515,10 +523,11 @@ def test_the_execution_role_reads_the_model_and_pulls_from_the_one_repository(pi
         if cdk_testkit.builds(pinned.env):
             assert "ImageRepository" in repository
         else:
-            registry, name = pins["images"][kind].split("@")[0].split("/", 1)
+            registry, name = pins["images"][image_kind(kind)].split("@")[0].split("/", 1)
             assert repository == f"arn:aws:ecr:{EXAMPLE_REGION}:{registry.split('.')[0]}:repository/{name}"
     assert resources_of(found["ecr:GetAuthorizationToken"]) == ["*"]
-    assert not [a for a in found if "*" in a]
+    # The asynchronous endpoint's topics' key: Topic.grant_publish's kms:GenerateDataKey* (test_cdk_async.py).
+    assert [a for a in found if "*" in a] == (["kms:GenerateDataKey*"] if kind == "async" else [])
     assert sorted(a for a in found if "*" in resources_of(found[a])) == [
         "cloudwatch:PutMetricData", "ecr:GetAuthorizationToken"]
     assert not [a for a in found if a.startswith(("ecr:Put", "s3:Delete"))]
@@ -527,6 +536,10 @@ def test_the_execution_role_reads_the_model_and_pulls_from_the_one_repository(pi
         assert resources_of(found["s3:PutObject"]) == [f"{export}/batch/output/*"]
         (list_bucket,) = found["s3:ListBucket"]
         assert list_bucket["Condition"] == {"StringLike": {"s3:prefix": ["batch/input/*"]}}
+    elif kind == "async":   # its request bodies; its answers and failures
+        assert sorted(get_objects) == sorted([archive, f"{export}/async-inference/input/*"])
+        assert sorted(resources_of(found["s3:PutObject"])) == [f"{export}/async-inference/failure/*",
+                                                               f"{export}/async-inference/output/*"]
     else:
         assert get_objects == [archive] and "s3:PutObject" not in found
 
@@ -589,7 +602,7 @@ def test_a_fresh_clone_leaves_the_endpoints_out_and_says_which_keys_to_set(fresh
     warnings = [w for w in fresh_clone.warnings() if "endpoint is left out" in w]
     env = fresh_clone.env
     assert sorted(warnings) == sorted(
-        f"The {kind} endpoint is left out until environments.{env}.pins.images.{kind} and "
+        f"The {kind} endpoint is left out until environments.{env}.pins.images.{image_kind(kind)} and "
         f"environments.{env}.pins.model are set in cdk.json (docs/deploy.md, 3. Pin, preflight, diff and deploy the "
         f"endpoints)." for kind in KINDS)
     # The artifacts, build and monitoring stacks do not wait for pins.

@@ -18,7 +18,7 @@ def log_groups(synth):
 def test_every_log_group_is_encrypted_with_the_logs_key(pinned):
     groups = log_groups(pinned)
     # The four builds' (where the environment builds), one per endpoint, the transform jobs'.
-    assert len(groups) == (4 if cdk_testkit.builds(pinned.env) else 0) + 3 + 1
+    assert len(groups) == (4 if cdk_testkit.builds(pinned.env) else 0) + len(cdk_testkit.ENDPOINT_STACKS) + 1
     key_export = f"{pinned.prefix}-artifacts:LogsKeyArn"
     for kind, logical_id, resource in groups:
         key = resource["Properties"].get("KmsKeyId")

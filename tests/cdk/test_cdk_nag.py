@@ -83,7 +83,7 @@ def test_each_acknowledgment_covers_a_real_finding(monkeypatch, env):
             (rule, where)
 
 
-ENDPOINT_SLUGS = ("cpu", "gpu", "text-generation")
+ENDPOINT_SLUGS = ("cpu", "gpu", "text-generation", "async")
 
 
 def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
@@ -109,6 +109,12 @@ def test_the_only_acknowledged_rules_are_wildcard_resources(pinned):
         "AwsSolutions-IAM5[Resource::*]",
         f"AwsSolutions-IAM5[Resource::{export}/batch/input/*]",
         f"AwsSolutions-IAM5[Resource::{export}/batch/output/*]",
+        # The asynchronous endpoint (its role, and the invoker's): request bodies, answers and failures under their
+        # prefixes of async-inference/; its role publishes to its topics with their key (kms:GenerateDataKey*).
+        f"AwsSolutions-IAM5[Resource::{export}/async-inference/input/*]",
+        f"AwsSolutions-IAM5[Resource::{export}/async-inference/output/*]",
+        f"AwsSolutions-IAM5[Resource::{export}/async-inference/failure/*]",
+        "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
         f"AwsSolutions-IAM5[Resource::{location('logs')}:log-group:/aws/sagemaker/TransformJobs:log-stream:*]",
         # The review role: this environment's stacks, the bootstrap stack and its version parameter, read only.
         f"AwsSolutions-IAM5[Resource::{location('cloudformation')}:stack/{pinned.prefix}-*/*]",

@@ -112,7 +112,7 @@ def test_every_alarm_can_reach_its_threshold(pinned, kind):
     spec = specs_for(pinned)[kind]
     by_name = {spec.alarm_name(alarm): alarm for alarm in spec.alarms}
     environment = one_of(pinned, kind, "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Environment"]
-    for alarm in pinned.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm").values():
+    for alarm in scaled_out_of(pinned.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm")).values():
         properties = alarm["Properties"]
         definition = by_name[properties["AlarmName"]]
         assert properties["Threshold"] == definition.threshold
@@ -121,9 +121,18 @@ def test_every_alarm_can_reach_its_threshold(pinned, kind):
         if definition.construct_id == "SlowCompute":
             # A request of the fewest tokens the metric counts, computed at the threshold, still succeeds before
             # the adapter's deadline: a release that slow answers 200s the alarm sees, not busy 503s.
-            deadline = float(environment["ADAPTER_REQUEST_TIMEOUT_S"])
+            # An asynchronous endpoint's deadline is 90 % of its invocation timeout (ADAPTER_DEPLOYMENT=async).
+            deadline = float(environment["ADAPTER_REQUEST_TIMEOUT_S"]) if "ADAPTER_REQUEST_TIMEOUT_S" in environment \
+                else 0.9 * float(environment["ADAPTER_ASYNC_TIMEOUT_S"])
             assert properties["Threshold"] * metric_logs.MIN_TIMED_TOKENS / 1000 < deadline
-            assert deadline < 60   # SageMaker's invocation timeout
+            # SageMaker's invocation timeout: 60 s real time, InvocationTimeoutSeconds (at most 3600) asynchronous.
+            assert deadline < (60 if "ADAPTER_REQUEST_TIMEOUT_S" in environment else 3600)
+
+
+def scaled_out_of(alarms: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint's alarms but the asynchronous endpoint's scale-out from 0 (no name, no notification, no rollback:
+    it only runs its step scaling policy, test_cdk_async.py)."""
+    return {lid: alarm for lid, alarm in alarms.items() if "AlarmName" in alarm["Properties"]}
 
 
 def test_the_slow_release_metric_counts_every_job_with_enough_tokens_deadline_misses_included(pinned):
@@ -187,7 +196,7 @@ def endpoint_view(synth, kind) -> dict[str, Any]:
     deployment = one_of(synth, kind, "AWS::SageMaker::Endpoint")["Properties"]["DeploymentConfig"]
     (variant,) = one_of(synth, kind, "AWS::SageMaker::EndpointConfig")["Properties"]["ProductionVariants"]
     rolls_back = {a["AlarmName"]["Ref"] for a in deployment["AutoRollbackConfiguration"]["Alarms"]}
-    alarms = synth.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm")
+    alarms = scaled_out_of(synth.resources(ENDPOINT_STACKS[kind], "AWS::CloudWatch::Alarm"))
     return {"name": f"{synth.prefix}-{kind.replace('_', '-')}", "adapter": kind in ADAPTER_KINDS,
             "pools": [p["InstanceType"] for p in variant.get("InstancePools", [])],
             "types": cdk_testkit.variant_instance_types(variant), "bake": bake_s(deployment),
@@ -198,7 +207,8 @@ def endpoint_view(synth, kind) -> dict[str, Any]:
 
 
 def minute(view, *, requests=0.0, busy=0.0, misses=0.0, failed=0.0, unlogged=0.0, ms_per_token=0.0, memory=40.0,
-           disk=20.0, utilization=10.0, publish=("variant",), log_lines=None) -> alarm_math.Series:
+           disk=20.0, utilization=10.0, publish=("variant",), log_lines=None,
+           oldest_request_s=None) -> alarm_math.Series:
     """One minute of an endpoint. ``requests`` reach the container: on the adapter each logs one line, ``busy``
     are refused at admission, ``misses`` run into their deadline, ``failed`` fail scoring (500), the rest answer
     200; SageMaker counts every 503 and 500 as Invocation5XXErrors (text generation: ``failed`` are its 5xx). Every
@@ -206,7 +216,9 @@ def minute(view, *, requests=0.0, busy=0.0, misses=0.0, failed=0.0, unlogged=0.0
     ``unlogged`` are 5xx that SageMaker answers without the container logging them (a crashed container).
     ``publish`` says which SageMaker series exist: the variant's ("variant") and/or each pool's ("pools",
     dimension InstanceType; counts split evenly); none when nothing was invoked. The log metrics exist (0 where no
-    line matched) in a minute with any log line (``log_lines``; default: when requests were logged)."""
+    line matched) in a minute with any log line (``log_lines``; default: when requests were logged). An asynchronous
+    endpoint's queue metrics (dimension EndpointName alone) read ``oldest_request_s`` for the age of its oldest
+    request (None: not published)."""
     tokens = sizing.tokens_per_decision()
     assert tokens >= metric_logs.MIN_TIMED_TOKENS
     jobs = requests - busy - failed
@@ -225,6 +237,9 @@ def minute(view, *, requests=0.0, busy=0.0, misses=0.0, failed=0.0, unlogged=0.0
         if namespace.startswith("DecisionAdapter/"):
             assert namespace == f"DecisionAdapter/{view['name']}"
             return adapter[metric] if logged else None
+        if set(dimensions) == {"EndpointName"}:     # an asynchronous endpoint's queue
+            assert dimensions["EndpointName"] == view["name"] and metric == "ApproximateAgeOfOldestRequest", metric
+            return oldest_request_s
         assert dimensions["EndpointName"] == view["name"] and dimensions["VariantName"] == "AllTraffic"
         pool = dimensions.get("InstanceType")
         if ("pools" if pool else "variant") not in publish or (pool and pool not in view["pools"]):
@@ -392,3 +407,15 @@ def test_the_scenarios_read_only_what_the_alarms_define(pinned):
             properties = alarm["Properties"]
             value = alarm_math.alarm_value(properties, {q: 1.0 for q in alarm_math.metric_queries(properties)})
             assert value is not None, properties["AlarmName"]
+
+
+def test_an_undrained_async_queue_notifies_and_rolls_nothing_back(pinned):
+    """The asynchronous endpoint's OldestRequestAge: a queue whose oldest request is older than an instance's start
+    from zero and one invocation fires it (to the topic); one under that does not; it never rolls an update back."""
+    view = endpoint_view(pinned, "async")
+    threshold = view["alarms"]["OldestRequestAge"]["Threshold"]
+    assert "OldestRequestAge" not in view["rollback"]
+    stuck = [minute(view, oldest_request_s=threshold + 60)] * long_run(view)
+    assert "OldestRequestAge" in fired(view, stuck, alarms="alarms") and not fired(view, stuck)
+    draining = [minute(view, oldest_request_s=threshold - 60)] * long_run(view)
+    assert "OldestRequestAge" not in fired(view, draining, alarms="alarms")

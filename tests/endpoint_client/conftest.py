@@ -15,7 +15,7 @@ import pytest
 
 import loopback_servers
 from registry_testkit import ACCOUNT, FAKE_CREDENTIALS, REGION, REPOSITORY_ROOT, manifest, push
-from stacks.config import TRANSFORM_LOG_GROUP
+from stacks.config import TRANSFORM_LOG_GROUP, image_kind
 
 
 @pytest.fixture(scope="session")
@@ -124,7 +124,7 @@ class Serving:
     digest in the artifacts stack's repository, the archive in its bucket), its monitoring stack's topic and each
     endpoint's DiskUtilization alarm: what ``acceptance`` checks and ``promote`` reads."""
 
-    KINDS = ("cpu", "gpu", "text_generation")
+    KINDS = ("cpu", "gpu", "text_generation", "async")
 
     def __init__(self, deployment: Deployment):
         self.deployment = deployment
@@ -150,7 +150,7 @@ class Serving:
         name, unique = self.endpoint_name(kind), f"{self.deployment.bucket[-16:]}-{self.deploys}"
         self.sagemaker.create_model(
             ModelName=f"EndpointModel-{unique}", ExecutionRoleArn=f"arn:aws:iam::{ACCOUNT}:role/execution",
-            PrimaryContainer={"Image": self.image(digest or self.deployment.digests[kind]),
+            PrimaryContainer={"Image": self.image(digest or self.deployment.digests[image_kind(kind)]),
                               "ModelDataUrl": self.model_data_url})
         self.sagemaker.create_endpoint_config(EndpointConfigName=f"EndpointConfig-{unique}", ProductionVariants=[{
             "VariantName": "AllTraffic", "ModelName": f"EndpointModel-{unique}", "InitialInstanceCount": 1,

@@ -10,6 +10,7 @@ import re
 
 from endpoint_client import acceptance
 from endpoint_client.deployment import aws_for, load_config
+from stacks.config import image_kind
 
 RUN_KEY = re.compile(r"^acceptance/dev/[0-9]{8}T[0-9]{6}Z\.json$")
 
@@ -32,11 +33,11 @@ def test_a_passing_run_records_what_each_endpoint_served(serving, tmp_path, caps
     code, report, out = run_acceptance(deployment, tmp_path, capsys)
     assert code == 0, out
     assert report["passed"] is True and report["environment"] == "dev" and report["emulator"] == "moto"
-    assert report["endpoints"].keys() == {"cpu", "gpu", "text_generation"}
+    assert report["endpoints"].keys() == {"cpu", "gpu", "text_generation", "async"}
     for kind, served in report["endpoints"].items():
         name = serving.endpoint_name(kind)
         assert served["endpoint_name"] == name
-        assert served["image"] == serving.image(deployment.digests[kind])
+        assert served["image"] == serving.image(deployment.digests[image_kind(kind)])    # async: the cpu image
         assert served["model_data_url"] == f"s3://{deployment.bucket}/{deployment.model_key}"
         assert served["model_name"].startswith("EndpointModel-")
         assert served["endpoint_config_name"].startswith("EndpointConfig-")
@@ -47,6 +48,9 @@ def test_a_passing_run_records_what_each_endpoint_served(serving, tmp_path, caps
     states = {check["state"] for check in report["checks"]}
     assert "failed" not in states and "unprovable" in states
     assert "invoke decision-dev-cpu" in report["unprovable"]
+    # What only an account proves of the asynchronous endpoint: its answer, the scale from zero, the notification.
+    assert {"invoke decision-dev-async", "scale from zero decision-dev-async",
+            "notifications decision-dev-async"} <= set(report["unprovable"])
     assert len(report["unprovable"]) == sum(check["state"] == "unprovable" for check in report["checks"])
     # The bucket holds the same report as the run's and as latest.json.
     stored = stored_reports(deployment)
@@ -73,7 +77,7 @@ def test_an_endpoint_that_is_not_there_fails_the_report(serving, tmp_path, capsy
     serving.remove("text_generation")
     code, report, _ = run_acceptance(serving.deployment, tmp_path, capsys)
     assert code == 1 and report["passed"] is False
-    assert report["endpoints"].keys() == {"cpu", "gpu"}
+    assert report["endpoints"].keys() == {"cpu", "gpu", "async"}
     (served,) = [c for c in report["checks"] if c["check"] == "served" and c["state"] == "failed"]
     assert served["subject"] == "decision-dev-text-generation" and "ValidationException" in served["detail"]
 

@@ -53,14 +53,16 @@ def lines(checks):
 
 
 def test_quotas_cover_the_largest_fleet_and_its_update(deployment):
-    """dev: every endpoint at most 2 instances, updated blue/green all at once: 4 of each type at the peak."""
+    """dev: every endpoint at most 2 instances, updated blue/green all at once: 4 of each type at the peak (the CPU
+    and the asynchronous endpoint both run ml.c7i.xlarge: 8)."""
     config = config_of(deployment)
     run_endpoint(deployment, f"other-{deployment.bucket}", "ml.g4dn.xlarge", 1)
     checks = lines(preflight.quota_checks(config, StubbedQuotas(deployment.url, {
-        "ml.c7i.xlarge": 4, "ml.g6e.xlarge": 0, "ml.g6.xlarge": 10, "ml.g5.xlarge": 10, "ml.g4dn.xlarge": 4,
+        "ml.c7i.xlarge": 8, "ml.g6e.xlarge": 0, "ml.g6.xlarge": 10, "ml.g5.xlarge": 10, "ml.g4dn.xlarge": 4,
         "ml.c7i.2xlarge": 3})))
     assert checks["quota ml.c7i.xlarge for endpoint usage"] == (
-        "ok", "needs 4 of 4 (decision-dev-cpu: 4 (2 at most, plus 2 during a blue/green update))")
+        "ok", "needs 8 of 8 (decision-dev-cpu: 4 (2 at most, plus 2 during a blue/green update); decision-dev-async: "
+              "4 (2 at most, plus 2 during a blue/green update))")
     # The first GPU pool must hold the fleet; a later one only warns.
     state, detail = checks["quota ml.g6e.xlarge for endpoint usage"]
     assert state == "fail" and detail.startswith("needs 4, quota 0 (decision-dev-gpu: 4")
