@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Send a request file to a SageMaker endpoint and print the result (retries 503 and throttling "
                     "with capped exponential backoff and full jitter). Other commands: python -m endpoint_client "
                     "check-pins | preflight | transform | acceptance | promote | capture --help.")
-    parser.add_argument("--endpoint-name", required=True, help="e.g. decision-dev-cpu (a stack output)")
+    parser.add_argument("--endpoint-name", help="e.g. decision-dev-cpu (a stack output); required, but with --async "
+                                                "and -c env=NAME it defaults to that environment's async endpoint")
     parser.add_argument("--file", required=True, type=Path,
                         help="request body, e.g. examples/support-route.json; '-' reads stdin")
     parser.add_argument("--region", help="AWS region (default: the AWS configuration's)")
@@ -58,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     asynchronous.add_argument("--async", dest="asynchronous", action="store_true",
                               help="invoke an asynchronous endpoint: upload the body, invoke, wait for its output or "
                                    "failure and print it")
+    asynchronous.add_argument("-c", "--context", action="append", default=[], metavar="env=NAME",
+                              help="the cdk.json environment whose async endpoint to invoke: its name, its input "
+                                   "prefix in the artifact bucket and its invocation timeout come from cdk.json and the "
+                                   "artifacts stack's outputs, as for the other commands")
+    asynchronous.add_argument("--cdk-json", type=Path, default=Path("cdk.json"), help="with -c (default ./cdk.json)")
     asynchronous.add_argument("--input-location", metavar="S3_PREFIX",
                               help="s3://bucket/prefix/ the endpoint reads bodies from (the async kind's input_prefix "
                                    "in the artifact bucket); the body is uploaded there as <inference id>.json")
@@ -135,10 +141,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = argv[1:]
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.asynchronous and not (args.input_location or args.local_container):
-        parser.error("--async needs --input-location s3://bucket/prefix/ (or --local-container URL)")
-    if not args.asynchronous and (args.input_location or args.local_container):
-        parser.error("--input-location and --local-container go with --async")
+    if args.asynchronous and not (args.input_location or args.local_container or args.context):
+        parser.error("--async needs -c env=NAME, --input-location s3://bucket/prefix/ or --local-container URL")
+    if not args.asynchronous and (args.input_location or args.local_container or args.context):
+        parser.error("-c, --input-location and --local-container go with --async")
+    if args.endpoint_name is None and not (args.asynchronous and args.context):
+        parser.error("--endpoint-name is required (with --async, -c env=NAME names the environment's async endpoint)")
     try:
         body = _read_body(args.file, args.content_type)
     except OSError as error:
@@ -173,12 +181,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _invoke_async(args: argparse.Namespace, body: bytes) -> int:
     """``--async``: one asynchronous invocation, on AWS (or moto) or against a local container."""
+    from endpoint_client.deployment import CommandError  # cdk.json's validation, for -c env=NAME only
+
     try:
         if args.local_container:
             answer = invoke_local(args.local_container, args.local_dir, body=body, content_type=args.content_type,
                                   accept=args.accept, inference_id=args.inference_id,
                                   invocation_timeout_s=args.invocation_timeout or DEFAULT_INVOCATION_TIMEOUT_S)
         else:
+            if args.context:
+                _async_endpoint_of_environment(args)
             session = boto3.session.Session(region_name=args.region)
             config = Config(connect_timeout=10, read_timeout=args.read_timeout)
             answer = invoke_async(session.client("sagemaker-runtime", endpoint_url=args.endpoint_url, config=config),
@@ -196,6 +208,9 @@ def _invoke_async(args: argparse.Namespace, body: bytes) -> int:
     except ValueError as error:
         _error(str(error))
         return EXIT_USAGE
+    except CommandError as error:
+        _error(str(error))
+        return error.exit_code
     except AsyncFailed as failure:
         _error(f"{args.endpoint_name}: {failure}")
         return EXIT_GAVE_UP
@@ -206,3 +221,24 @@ def _invoke_async(args: argparse.Namespace, body: bytes) -> int:
     _error(f"{answer.inference_id} answered in {answer.waited_s:.1f} s ({answer.location})")
     _print_result(answer.body, args.accept)
     return EXIT_OK
+
+
+def _async_endpoint_of_environment(args: argparse.Namespace) -> None:
+    """``-c env=NAME``: fill in what was not given from the environment's async kind (cdk.json) and its artifact
+    bucket (the artifacts stack's output): the endpoint's name, its input prefix and the invocation timeout the
+    adapter's deadline is set from (CloudFormation cannot set it on the endpoint: each request carries it)."""
+    from endpoint_client.deployment import CommandError, aws_for, load_config, stack_outputs
+
+    config = load_config(args)
+    if "async" not in config.endpoints:
+        raise CommandError(f"environment {config.name} has no async endpoint (its endpoints: "
+                           f"{', '.join(config.endpoints)})")
+    settings = config.endpoint_settings("async")
+    args.endpoint_name = args.endpoint_name or config.endpoint_name("async")
+    args.invocation_timeout = args.invocation_timeout or settings.invocation_timeout_s
+    if not args.input_location:
+        aws = aws_for(args, config)
+        bucket = stack_outputs(aws.client("cloudformation"), config.artifacts_stack_name,
+                               ["ArtifactBucketName"])["ArtifactBucketName"]
+        args.input_location = f"s3://{bucket}/{settings.input_prefix}"
+    args.region = args.region or config.region

@@ -5,6 +5,7 @@ real queue's wait, its retries and the scale from zero are what only an account 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -73,7 +74,7 @@ def test_a_failure_is_reported_with_what_sagemaker_wrote(moto):
 def test_the_arguments_say_what_async_needs(moto):
     url, _ = moto
     missing = run_cli(url, "--file", str(EXAMPLE))
-    assert missing.returncode == 2 and "--async needs --input-location" in missing.stderr
+    assert missing.returncode == 2 and "--async needs -c env=NAME, --input-location" in missing.stderr
     not_a_prefix = run_cli(url, "--file", str(EXAMPLE), "--input-location", f"s3://{BUCKET}/async-inference/in")
     assert not_a_prefix.returncode == 2 and "is not a prefix ending with '/'" in not_a_prefix.stderr
     nowhere = run_cli(url, "--file", str(EXAMPLE), "--input-location", "https://example.com/in/")
@@ -110,3 +111,38 @@ def test_locations_and_keys():
     assert s3_location("s3://b/a/b.json") == ("b", "a/b.json")
     assert input_key("in/", "id", "application/jsonlines; charset=utf-8") == "in/id.jsonl"
     assert input_key("in/", "id", "text/csv") == "in/id"
+
+
+def test_an_environment_names_its_async_endpoint_input_prefix_and_timeout(deployment, capsys, monkeypatch):
+    """-c env=dev: the endpoint, the input prefix in the artifact bucket (the artifacts stack's output) and the
+    invocation timeout come from cdk.json, as the stacks read them."""
+    from endpoint_client import cli
+    from endpoint_client.deployment import load_config
+
+    calls = []
+    real = cli.invoke_async
+    monkeypatch.setattr(cli, "invoke_async", lambda *a, **k: (calls.append(k), real(*a, **k))[1])
+    queue(deployment.url, '{"result": {"id": "support-route"}}')
+    code = cli.main(["invoke", "--async", *deployment.args("--file", str(EXAMPLE), "--inference-id", "env-1",
+                                                         "--poll", "0")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert json.loads(out.out) == {"result": {"id": "support-route"}}
+    settings = load_config(argparse.Namespace(context=["env=dev"], cdk_json=deployment.cdk_json)
+                           ).endpoint_settings("async")
+    [call] = calls
+    assert call["endpoint_name"] == "decision-dev-async"
+    assert call["input_prefix"] == f"s3://{deployment.bucket}/{settings.input_prefix}"
+    assert call["invocation_timeout_s"] == settings.invocation_timeout_s
+    key = f"{settings.input_prefix}env-1.json"
+    assert deployment.client("s3").get_object(Bucket=deployment.bucket, Key=key)["Body"].read() == EXAMPLE.read_bytes()
+
+
+def test_an_environment_without_an_async_endpoint_says_so(deployment, capsys):
+    from endpoint_client import cli
+
+    deployment.write_cdk_json(lambda environment: environment.update(
+        endpoints=[kind for kind in environment["endpoints"] if kind != "async"]))
+    code = cli.main(["invoke", "--async", *deployment.args("--file", str(EXAMPLE))])
+    assert code == 2 and "environment dev has no async endpoint (its endpoints: cpu, gpu, text_generation)" in \
+        capsys.readouterr().err
