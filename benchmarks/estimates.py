@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import servers
 
     model_dir = args.model_dir or str(embedded_model_dir())
-    allowed_s = Settings.from_env(os.environ).request_budget_s(transform=False)
+    allowed_s = Settings.from_env(os.environ).request_budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     lines = map(line, events())
     rows = []

@@ -147,12 +147,14 @@ class Settings:
                                       "plus each question's own tokens).", ge=64, le=16_777_216)
 
     # Admission and deadlines
-    deployment: Literal["realtime", "transform"] = setting(
+    deployment: Literal["realtime", "transform", "async"] = setting(
         "ADAPTER_DEPLOYMENT", "realtime", "How the container is deployed, which sets every request's deadline and "
         "budget: realtime (an endpoint: ADAPTER_REQUEST_TIMEOUT_S and the token budget for every request, JSON lines "
-        "included) or transform (a Batch Transform job: every request is a mini-batch answered within 90% of "
-        "ADAPTER_BATCH_TIMEOUT_S, without the token budget). SAGEMAKER_BATCH=true, which SageMaker sets in every "
-        "Batch Transform container, makes it transform whatever this says; nothing a request sends changes it.")
+        "included), transform (a Batch Transform job: every request is a mini-batch answered within 90% of "
+        "ADAPTER_BATCH_TIMEOUT_S, without the token budget) or async (an asynchronous endpoint: every request has 90% "
+        "of ADAPTER_ASYNC_TIMEOUT_S and the token budget; SageMaker queues the rest). SAGEMAKER_BATCH=true, which "
+        "SageMaker sets in every Batch Transform container, makes it transform whatever this says; nothing a request "
+        "sends changes it.")
     queue_depth: int = setting("ADAPTER_QUEUE_DEPTH", 16,
                                "Requests that may be read and wait for the model at once; more get 503 before "
                                "their body is read.", ge=1, le=1024)
@@ -179,6 +181,12 @@ class Settings:
                                    "ADAPTER_DEPLOYMENT=transform every request is one unit of work answered within "
                                    "90% of it; /execution-parameters says MULTI_RECORD where a mini-batch of the body "
                                    "limit fills half of that at the measured speed.", ge=1, le=3600)
+
+    async_timeout_s: int = setting("ADAPTER_ASYNC_TIMEOUT_S", 900,
+                                   "Seconds an asynchronous endpoint gives each invocation (its AsyncInferenceConfig's "
+                                   "InvocationTimeoutSeconds: SageMaker's default 900, at most 3600): with "
+                                   "ADAPTER_DEPLOYMENT=async every request is answered within 90% of it.",
+                                   ge=1, le=3600)
 
     # Rollback drill (python -m endpoint_client acceptance --rollback-drill; docs/deploy.md)
     drill: Literal["off", "fail", "slow"] = setting(
@@ -227,10 +235,18 @@ class Settings:
         left for reading the body and writing the answer before SageMaker's invocation timeout."""
         return 0.9 * self.batch_timeout_s
 
-    def request_budget_s(self, transform: bool) -> float:
-        """Seconds any request may take from its arrival: a transform's mini-batch budget, or an endpoint's
-        ADAPTER_REQUEST_TIMEOUT_S."""
-        return self.batch_budget_s if transform else self.request_timeout_s
+    @property
+    def async_budget_s(self) -> float:
+        """Seconds an asynchronous invocation may take from its arrival: 90% of ADAPTER_ASYNC_TIMEOUT_S, the rest
+        left for reading the body and writing the answer before SageMaker gives the invocation up."""
+        return 0.9 * self.async_timeout_s
+
+    @property
+    def request_budget_s(self) -> float:
+        """Seconds any request may take from its arrival, as the container is deployed: a transform's mini-batch
+        budget, an asynchronous invocation's, or a real-time endpoint's ADAPTER_REQUEST_TIMEOUT_S."""
+        return {"transform": self.batch_budget_s, "async": self.async_budget_s}.get(self.deployment,
+                                                                                     self.request_timeout_s)
 
     @classmethod
     def fields(cls) -> dict[str, Any]:

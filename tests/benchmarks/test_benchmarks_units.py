@@ -286,3 +286,21 @@ def test_the_suite_time_sums_each_folder_and_file_from_a_junit_report(tmp_path):
     assert result["slowest"][0] == {"test": "tests/adapter/test_adapter_prefix.py::test_c", "seconds": 10.0}
     text = suite_markdown({"command": "python -m benchmarks.suite_time", "wall_s": 12.0, "summary": result})
     assert "| tests/cdk | 2 | 4 |" in text and "wall time 12 s" in text
+
+
+def test_async_long_state_grows_a_transcript_of_distinct_turns_and_reports_both_deployments():
+    from benchmarks import async_long_state as bench
+
+    turns = bench.transcript(40).splitlines()
+    assert len(turns) == len(set(turns)) == 40
+    assert bench.chosen({"option_ids": ["a", "b", "c"], "probabilities": [0.2, 0.5, 0.3]}) == "b (0.50)"
+    assert bench.chosen({}) is None
+    result = {"model": "m", "state_lines": 500, "prompt_tokens": 15993, "body_bytes": 46212, "held": True,
+              "async": {"failed": False, "seconds": 120.5, "timing": {"evaluated_tokens": 16010}, "chosen": "b (0.50)",
+                        "probabilities": [0.5, 0.5], "deadline_s": 3240.0},
+              "realtime": {"status": 400, "seconds": 0.04, "error": "decision needs 16010 tokens of evaluation"},
+              "provenance": {"load_average_1m": {"median": 1.9}}}
+    table = bench.markdown(result)
+    assert "| async (`invoke --async`, deadline 3240 s) | 200 | 120.5 | 16010 | b (0.50) |" in table
+    assert "| realtime (deadline 55 s) | 400 | 0.04 | | decision needs 16010 tokens of evaluation |" in table
+    assert "refused in real time with its 4xx: yes" in table

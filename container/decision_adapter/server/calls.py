@@ -2,9 +2,10 @@
 
 The budget is set by how the container is deployed, not by the body (``request_budget``): on an endpoint
 (``ADAPTER_DEPLOYMENT=realtime``) every request, a JSON-lines one too, has ``ADAPTER_REQUEST_TIMEOUT_S`` from its
-arrival and the token budget; in a Batch Transform job (``AdapterState.in_transform``: the deployment's settings say
-so) every request is a mini-batch with 90% of
-``ADAPTER_BATCH_TIMEOUT_S`` and no token budget (it is alone). ``answer_object`` is the one function that answers
+arrival and the token budget; on an asynchronous endpoint (``ADAPTER_DEPLOYMENT=async``) 90% of
+``ADAPTER_ASYNC_TIMEOUT_S`` and the token budget; in a Batch Transform job (``AdapterState.in_transform``: the
+deployment's settings say so) every request is a mini-batch with 90% of ``ADAPTER_BATCH_TIMEOUT_S`` and no token
+budget (it is alone). ``answer_object`` is the one function that answers
 a request object, for the real-time routes and for each record of a batch alike: the protocol's answer, or its
 error in the protocol's shape (classified once, ``errors.classify``), with the protocol's headers.
 
@@ -59,9 +60,8 @@ def request_identity() -> dict[str, Any]:
 def request_budget() -> Budget:
     """The budget of the current request, as the container is deployed (see the module's text)."""
     state = current()
-    transform = state.in_transform
-    span = state.settings.request_budget_s(transform)
-    return Budget(current_request().arrived + span, span, by_tokens=not transform)
+    span = state.settings.request_budget_s
+    return Budget(current_request().arrived + span, span, by_tokens=not state.in_transform)
 
 
 def call(budget: Budget) -> Call:
