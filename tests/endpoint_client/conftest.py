@@ -185,11 +185,19 @@ def serving(deployment):
     found = Serving(deployment)
     for kind in Serving.KINDS:
         found.deploy(kind)
+    forget_moto_answers()
     yield found
     for kind in Serving.KINDS:
         found.remove(kind)
-    # moto answers a repeated InvokeEndpoint (same endpoint, same body) with the answer it gave first, which would
-    # shadow the answer a later test queues for the example request: forget them (the server runs in this process;
-    # behind its server, moto files every endpoint's answers under None, so all of them go).
+    forget_moto_answers()
+
+
+def forget_moto_answers() -> None:
+    """moto answers a repeated InvokeEndpoint (the same body: behind its server it files every endpoint's answers
+    under None) with the answer it gave first, and keeps answers queued for later calls: a test that ran earlier in
+    this process (xdist puts modules side by side) would answer this one's example request, and this one's a later
+    test's. Forget both, before and after (the server runs in this process)."""
     from moto.sagemakerruntime.models import sagemakerruntime_backends
-    sagemakerruntime_backends[ACCOUNT][REGION].results.clear()
+    backend = sagemakerruntime_backends[ACCOUNT][REGION]
+    backend.results.clear()
+    backend.results_queue.clear()

@@ -50,9 +50,8 @@ def moto_url(moto_server):
     return moto_server
 
 
-# moto keeps one SageMaker Runtime state per process and answers a repeated invocation (same endpoint, same body)
-# with the result it gave first, so these tests invoke endpoints of their own: on decision-dev-cpu, the acceptance
-# run's invocation of examples/support-route.json would get this module's queued result when both share a worker.
+# Endpoints of this module's own (moto keeps one SageMaker Runtime state per process; the acceptance tests'
+# serving fixture forgets its answers before and after each test: conftest.forget_moto_answers).
 MOTO_CPU_ENDPOINT = "endpoint-client-test-cpu"
 MOTO_GPU_ENDPOINT = "endpoint-client-test-gpu"
 
