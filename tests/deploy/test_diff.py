@@ -38,9 +38,9 @@ def test_a_change_shows_in_its_stack_and_nowhere_else(scratch_repo):
     text = out.getvalue()
     assert differing == 1, text
     sections = {chunk.split("\n", 1)[0]: chunk for chunk in text.split("Stack ")[1:]}
-    assert sorted(sections) == [f"decision-dev-{s}" for s in ("access", "artifacts", "build", "endpoint-cpu",
-                                                              "endpoint-gpu", "endpoint-text-generation", "monitoring",
-                                                              "review")]
+    assert sorted(sections) == [f"decision-dev-{s}" for s in ("access", "artifacts", "build", "endpoint-async",
+                                                              "endpoint-cpu", "endpoint-gpu",
+                                                              "endpoint-text-generation", "monitoring", "review")]
     assert "pins unchanged" in text
     cpu = sections.pop("decision-dev-endpoint-cpu")
     assert "[~] AWS::ApplicationAutoScaling::ScalableTarget" in cpu and "MaxCapacity" in cpu
@@ -71,13 +71,15 @@ def test_a_pin_change_shows_in_the_pins_and_in_the_stacks_it_changes(scratch_rep
     assert "pins.model" not in text and "pins.images.text_generation" not in text.split("Stack ", 1)[0]
     sections = {chunk.split("\n", 1)[0]: chunk for chunk in text.split("Stack ")[1:]}
     assert image_digest("cpu", 2) in sections["decision-dev-endpoint-cpu"]
+    # The async endpoint runs the CPU image (one pin): its Model changes with it.
+    assert image_digest("cpu", 2) in sections["decision-dev-endpoint-async"]
     gpu = sections["decision-dev-endpoint-gpu"]
     for created in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
                     "AWS::CloudWatch::Alarm", "AWS::ApplicationAutoScaling::ScalableTarget"):
         assert f"[+] {created}" in gpu, created
-    # The dashboard gains the GPU endpoint's row: the third stack that differs.
+    # The dashboard gains the GPU endpoint's row: the fourth stack that differs.
     assert "decision-dev-gpu" in sections["decision-dev-monitoring"].split("There were no differences")[0]
-    assert differing == 3 and text.strip().endswith("3 stack(s) differ"), text
+    assert differing == 4 and text.strip().endswith("4 stack(s) differ"), text
 
 
 def test_an_unknown_revision_is_a_clear_error(scratch_repo, capsys):

@@ -30,7 +30,7 @@ def test_the_rehearsal_passes():
         "6. destroy dev --all"]
     # prod deployed from dev's artifacts: no build stack, its Models naming dev's digests and archive.
     assert any(s.startswith("  npx cdk deploy -c env=prod --all") and "exit 0" in s for s in steps)
-    assert "  prod's 3 endpoints run dev's image digests and model archive; no prod build stack" in steps
+    assert "  prod's 4 endpoints run dev's image digests and model archive; no prod build stack" in steps
     assert any(s.startswith("  npx cdk destroy -c env=prod decision-prod-monitoring") and "exit 1" in s
                for s in steps)
     # prod's copy in another account is placed in a VPC made there: its Models in the subnets, its network stack's
