@@ -287,34 +287,30 @@ class _Settings(BaseModel):
 _CAPTURE_PREFIX = re.compile(r"^(?:(?!\.{1,2}/)[A-Za-z0-9!_.*'()-]+/)+$")
 
 
-def _capture_prefix(value: Any) -> str:
+def _artifact_key_prefix(value: Any, root: str, *, what: str, where: str, example: str, below_root: bool) -> str:
+    """A key prefix of the environment's artifact bucket under ``root`` (``below_root``: not ``root`` itself), or the
+    problem that names what goes there (``what``, ``where``) and an example below ``root``."""
     if not isinstance(value, str):
-        raise _problem(f"expected a key prefix under {DATA_CAPTURE_PREFIX} of the artifact bucket, got "
-                       f"{_describe(value)}")
-    if value.startswith(("s3://", "arn:", "/")) or not value.startswith(DATA_CAPTURE_PREFIX):
-        raise _problem(f"{value!r} is outside the artifact bucket's {DATA_CAPTURE_PREFIX} prefix: captured requests "
-                       f"and responses go to this environment's artifact bucket only, under {DATA_CAPTURE_PREFIX} "
-                       f"(name a key prefix such as '{DATA_CAPTURE_PREFIX}audit/', not a bucket or a URI)")
+        raise _problem(f"expected a key prefix under {root} of the artifact bucket, got {_describe(value)}")
+    if value.startswith(("s3://", "arn:", "/")) or not value.startswith(root) or (below_root and value == root):
+        raise _problem(f"{value!r} is outside the artifact bucket's {root} prefix: {what} go to this environment's "
+                       f"artifact bucket only, {where} (name a key prefix such as '{root}{example}', not a bucket or "
+                       f"a URI)")
     if not _CAPTURE_PREFIX.match(value):
         raise _problem(f"{value!r} is not a key prefix ending with '/' of a-z A-Z 0-9 ! _ . * ' ( ) - without empty, "
                        f"'.' or '..' parts")
     return value
+
+
+def _capture_prefix(value: Any) -> str:
+    return _artifact_key_prefix(value, DATA_CAPTURE_PREFIX, what="captured requests and responses",
+                                where=f"under {DATA_CAPTURE_PREFIX}", example="audit/", below_root=False)
 
 
 def _async_prefix(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _problem(f"expected a key prefix under {ASYNC_INFERENCE_PREFIX} of the artifact bucket, got "
-                       f"{_describe(value)}")
-    if value.startswith(("s3://", "arn:", "/")) or not value.startswith(ASYNC_INFERENCE_PREFIX) \
-            or value == ASYNC_INFERENCE_PREFIX:
-        raise _problem(f"{value!r} is outside the artifact bucket's {ASYNC_INFERENCE_PREFIX} prefix: asynchronous "
-                       f"requests, answers and failures go to this environment's artifact bucket only, each under a "
-                       f"prefix of its own below {ASYNC_INFERENCE_PREFIX} (name a key prefix such as "
-                       f"'{ASYNC_INFERENCE_PREFIX}output/', not a bucket or a URI)")
-    if not _CAPTURE_PREFIX.match(value):
-        raise _problem(f"{value!r} is not a key prefix ending with '/' of a-z A-Z 0-9 ! _ . * ' ( ) - without empty, "
-                       f"'.' or '..' parts")
-    return value
+    return _artifact_key_prefix(value, ASYNC_INFERENCE_PREFIX, what="asynchronous requests, answers and failures",
+                                where=f"each under a prefix of its own below {ASYNC_INFERENCE_PREFIX}",
+                                example="output/", below_root=True)
 
 
 def _capture_modes(value: Any) -> tuple[str, ...]:
