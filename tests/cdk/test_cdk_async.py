@@ -245,15 +245,14 @@ def test_npx_cdk_synth_with_a_vpc_data_capture_and_an_async_endpoint(tmp_path):
     """The issue's done-when: cdk synth through the pinned CLI, with pins, for an environment with a VPC, data
     capture and an async endpoint: nag-clean (no finding printed), cfn-lint clean."""
     from test_cdk_vpc import CREATED, GROUPS, SUBNETS, VPC
-    checkout = pinned_checkout(tmp_path)
-    cdk_json = json.loads((checkout / "cdk.json").read_text())
-    environment = cdk_json["context"]["environments"]["dev"]
-    assert "async" in environment["endpoints"]
-    environment["vpc"] = {**VPC, "create_endpoints": CREATED}
-    environment["async"]["data_capture"] = {"sampling_percentage": 10}
-    environment["cpu"]["data_capture"] = {"sampling_percentage": 10}
-    (checkout / "cdk.json").unlink()
-    (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+    def placed_and_captured(cdk_json: dict) -> None:
+        environment = cdk_json["context"]["environments"]["dev"]
+        environment["vpc"] = {**VPC, "create_endpoints": CREATED}
+        environment["async"]["data_capture"] = {"sampling_percentage": 10}
+        environment["cpu"]["data_capture"] = {"sampling_percentage": 10}
+    checkout = pinned_checkout(tmp_path, placed_and_captured)
+    environment = json.loads((checkout / "cdk.json").read_text())["context"]["environments"]["dev"]
+    assert "async" in environment["endpoints"] and environment["vpc"]["create_endpoints"] == CREATED
     out = tmp_path / "cdk.out"
     completed = run_cdk("synth", "-c", "env=dev", "--output", str(out), "--quiet", cwd=checkout, region="eu-west-1")
     assert completed.returncode == 0, completed.stdout + completed.stderr

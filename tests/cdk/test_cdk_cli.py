@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -139,15 +140,18 @@ def test_npx_cdk_synth_of_a_fresh_clone_asks_for_prods_account_and_region(tmp_pa
     assert "Traceback" not in completed.stderr
 
 
-def pinned_checkout(tmp_path) -> Path:
+def pinned_checkout(tmp_path, edit: Callable[[dict], None] | None = None) -> Path:
     """The repository as a user has it once pinned: the same files, with cdk.json pinned in the builds' formats
-    (deploy/pins.py) and account and region set where cdk.json requires them."""
+    (deploy/pins.py) and account and region set where cdk.json requires them; ``edit`` changes that cdk.json (its
+    parsed content, in place) before it is written, as a user would."""
     checkout = tmp_path / "checkout"
     checkout.mkdir()
     for name in ("app.py", "stacks", "container", "model_build", "package.json", "node_modules", ".venv"):
         if (ROOT / name).exists():
             (checkout / name).symlink_to(ROOT / name)
     cdk_json = pinned_cdk_json(json.loads((ROOT / "cdk.json").read_text()))
+    if edit is not None:
+        edit(cdk_json)
     (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
     return checkout
 
@@ -183,11 +187,11 @@ def test_npx_cdk_synth_of_dev_and_prod_in_one_account(tmp_path):
     """cdk.json as shipped, pinned, with dev located where prod is (one account and region, as many users run
     them): both synthesize, and what an account has once (GitHub's OIDC provider, SageMaker's transform log group)
     is created by dev alone, the first environment of cdk.json there."""
-    checkout = pinned_checkout(tmp_path)
-    cdk_json = json.loads((checkout / "cdk.json").read_text())
-    environments = cdk_json["context"]["environments"]
-    environments["dev"].update(account=environments["prod"]["account"], region=environments["prod"]["region"])
-    (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+    def same_account_as_prod(cdk_json: dict) -> None:
+        environments = cdk_json["context"]["environments"]
+        environments["dev"].update(account=environments["prod"]["account"], region=environments["prod"]["region"])
+    checkout = pinned_checkout(tmp_path, same_account_as_prod)
+    environments = json.loads((checkout / "cdk.json").read_text())["context"]["environments"]
     created = {}
     for env in ("dev", "prod"):
         out = tmp_path / f"cdk.out-{env}"

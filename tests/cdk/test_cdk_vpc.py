@@ -232,11 +232,9 @@ def test_two_environments_creating_the_endpoints_of_one_vpc_are_refused():
 def test_npx_cdk_synth_of_a_placed_environment_with_real_format_pins(tmp_path):
     """The path a user takes: cdk.json with pins and a vpc, through the pinned CLI; nag-clean (no finding printed)
     and cfn-lint clean, every Model in the subnets."""
-    checkout = pinned_checkout(tmp_path)
+    checkout = pinned_checkout(tmp_path, lambda cdk_json: cdk_json["context"]["environments"]["dev"].update(
+        vpc={**VPC, "create_endpoints": CREATED}))
     cdk_json = json.loads((checkout / "cdk.json").read_text())
-    cdk_json["context"]["environments"]["dev"]["vpc"] = {**VPC, "create_endpoints": CREATED}
-    (checkout / "cdk.json").unlink()
-    (checkout / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
     out = tmp_path / "cdk.out"
     completed = run_cdk("synth", "-c", "env=dev", "--output", str(out), "--quiet", cwd=checkout, region="eu-west-1")
     assert completed.returncode == 0, completed.stdout + completed.stderr
