@@ -134,7 +134,7 @@ def invoke_local(base_url: str, directory: Path, *, body: bytes, content_type: s
     source.write_bytes(body)
     started = time.monotonic()
     try:
-        response = requests.post(f"{base_url.rstrip('/')}/invocations", data=source.read_bytes(), headers={
+        response = requests.post(f"{base_url.rstrip('/')}/invocations", data=body, headers={
             "Content-Type": content_type, "Accept": accept, "X-Amzn-SageMaker-Inference-Id": inference_id},
             timeout=(10, invocation_timeout_s))
     except requests.Timeout:
